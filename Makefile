@@ -1,0 +1,51 @@
+# rmqs — the two commands a newcomer runs: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.rmqs-installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: setup java test test-unit lint broker-up broker-down broker-status demo bench docs clean
+
+setup: java $(STAMP)
+
+# Reinstall only when the dependency declarations change: seconds when nothing changed.
+$(STAMP): pyproject.toml requirements/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
+	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements/constraints.txt -e '.[airflow,dagster,dev]'
+	@touch $@
+
+java:
+	@bash scripts/ensure_java.sh
+
+broker-up:
+	@bash scripts/broker.sh up
+
+broker-down:
+	@bash scripts/broker.sh down
+
+broker-status:
+	@bash scripts/broker.sh status
+
+test: setup broker-up
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+demo: setup broker-up
+	@echo "make demo is delivered with the rmqs CLI (see README); run 'make test' meanwhile." >&2
+	@exit 1
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

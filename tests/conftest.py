@@ -1,0 +1,87 @@
+"""Shared fixtures: one real broker per test session, unique streams per test, one SparkSession."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support import broker as tb
+
+
+@pytest.fixture(scope="session")
+def broker() -> tb.BrokerSettings:
+    """Connection settings of a real broker: RMQS_TEST_URI's, else the local one (started if needed)."""
+    settings = tb.settings_from_env()
+    if not settings.external:
+        tb.ensure_local_broker()
+    return settings
+
+
+class StreamFactory:
+    """Creates uniquely named streams and super streams, and deletes them at teardown."""
+
+    def __init__(self, settings: tb.BrokerSettings) -> None:
+        self.settings = settings
+        self._streams: list[str] = []
+        self._super_streams: list[str] = []
+
+    def stream(self, prefix: str = "s", arguments: dict[str, object] | None = None) -> str:
+        name = tb.unique_name(prefix)
+        tb.run(tb.create_stream(self.settings, name, arguments))
+        self._streams.append(name)
+        return name
+
+    def super_stream(self, partitions: int = 3, prefix: str = "ss") -> tuple[str, list[str]]:
+        name = tb.unique_name(prefix)
+        parts = tb.run(tb.create_super_stream(self.settings, name, partitions))
+        self._super_streams.append(name)
+        return name, parts
+
+    def cleanup(self) -> None:
+        for name in self._streams:
+            tb.run(tb.delete_stream(self.settings, name))
+        for name in self._super_streams:
+            tb.run(tb.delete_super_stream(self.settings, name))
+
+
+@pytest.fixture
+def streams(broker: tb.BrokerSettings) -> Iterator[StreamFactory]:
+    factory = StreamFactory(broker)
+    yield factory
+    factory.cleanup()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession for the whole run (a session costs ~15-20 s here)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rmqs-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark by folder and fixtures, so `-m 'not broker'` runs the pure unit tests alone."""
+    for item in items:
+        fixtures: Callable[[], list[str]] | list[str] = getattr(item, "fixturenames", [])
+        names = set(fixtures if isinstance(fixtures, list) else [])
+        if names & {"broker", "streams"}:
+            item.add_marker(pytest.mark.broker)
+        if "spark" in names:
+            item.add_marker(pytest.mark.spark)

@@ -1,0 +1,123 @@
+"""Test-side broker settings and stream lifecycle, straight on rstream (no rmqs code under test)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from rstream import Producer, SuperStreamProducer
+from rstream.superstream import SuperStreamCreationOption  # noqa: F401  (documented alternative)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Where the test broker listens; `uri` is what a user would pass as the `uris` option."""
+
+    host: str = "localhost"
+    port: int = 5552
+    username: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    external: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uri(self) -> str:
+        from urllib.parse import quote
+
+        return (
+            f"rabbitmq-stream://{quote(self.username)}:{quote(self.password)}@{self.host}:{self.port}/"
+            f"{quote(self.vhost, safe='')}"
+        )
+
+    @property
+    def spark_options(self) -> dict[str, str]:
+        return {
+            "endpoints": f"{self.host}:{self.port}",
+            "username": self.username,
+            "password": self.password,
+            "vhost": self.vhost,
+        }
+
+
+def settings_from_env() -> BrokerSettings:
+    uri = os.environ.get("RMQS_TEST_URI")
+    if not uri:
+        return BrokerSettings()
+    u = urlparse(uri)
+    vhost = unquote(u.path[1:]) if u.path and u.path != "/" else "/"
+    return BrokerSettings(
+        host=u.hostname or "localhost",
+        port=u.port or 5552,
+        username=unquote(u.username or "guest"),
+        password=unquote(u.password or "guest"),
+        vhost=vhost or "/",
+        external=True,
+    )
+
+
+def ensure_local_broker() -> None:
+    """Start the project's broker (idempotent); a no-op when RMQS_TEST_URI names another one."""
+    subprocess.run(["bash", str(REPO / "scripts" / "broker.sh"), "up"], check=True)
+
+
+def unique_name(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _producer(s: BrokerSettings) -> Producer:
+    return Producer(s.host, s.port, username=s.username, password=s.password, vhost=s.vhost)
+
+
+async def create_stream(s: BrokerSettings, name: str, arguments: dict[str, object] | None = None) -> None:
+    async with _producer(s) as p:
+        await p.create_stream(name, arguments=arguments)
+
+
+async def delete_stream(s: BrokerSettings, name: str) -> None:
+    async with _producer(s) as p:
+        await p.delete_stream(name, missing_ok=True)
+
+
+async def create_super_stream(s: BrokerSettings, name: str, partitions: int) -> list[str]:
+    p = SuperStreamProducer(
+        s.host,
+        s.port,
+        username=s.username,
+        password=s.password,
+        vhost=s.vhost,
+        super_stream=name,
+        routing_extractor=lambda m: "k",
+    )
+    try:
+        await p.create_super_stream(name, n_partitions=partitions)
+    finally:
+        await p.close()
+    return [f"{name}-{i}" for i in range(partitions)]
+
+
+async def delete_super_stream(s: BrokerSettings, name: str) -> None:
+    p = SuperStreamProducer(
+        s.host,
+        s.port,
+        username=s.username,
+        password=s.password,
+        vhost=s.vhost,
+        super_stream=name,
+        routing_extractor=lambda m: "k",
+    )
+    try:
+        await p.delete_super_stream(name, missing_ok=True)
+    finally:
+        await p.close()
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
