@@ -1,0 +1,1 @@
+"""Everything that talks to RabbitMQ; no Spark imports below this package."""

@@ -1,0 +1,111 @@
+"""A per-process cache of broker connections keyed by connection settings.
+
+Metadata calls share one "locator" connection per settings; readers and writers borrow a
+dedicated connection (one socket each, so partitions do not contend) and return it. Idle
+connections are closed after `IDLE_SECONDS`. A forked Python worker starts with an empty pool:
+sockets and the loop thread do not survive a fork. All methods run on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+from pyspark_rmqs.broker.connect import connect
+from pyspark_rmqs.broker.protocol import RmqsClient
+
+IDLE_SECONDS = 60.0
+
+
+class ConnectionPool:
+    def __init__(self) -> None:
+        self._locators: dict[Any, RmqsClient] = {}
+        self._idle: dict[Any, list[tuple[float, RmqsClient]]] = defaultdict(list)
+        self._locks: dict[Any, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def locator(self, conn: Any) -> RmqsClient:
+        """The shared metadata connection for these settings, reopened when it died."""
+        key = conn.cache_key()
+        async with self._locks[key]:
+            client = self._locators.get(key)
+            if client is None or not client.is_connection_alive():
+                client = await connect(conn, "rmqs-locator")
+                self._locators[key] = client
+            self._start_reaper()
+            return client
+
+    async def drop_locator(self, conn: Any) -> None:
+        client = self._locators.pop(conn.cache_key(), None)
+        if client is not None:
+            await _close(client)
+
+    async def acquire(self, conn: Any, name: str = "rmqs") -> RmqsClient:
+        """A connection for one reader or writer alone; return it with `release`."""
+        idle = self._idle.get(conn.cache_key(), [])
+        while idle:
+            _, client = idle.pop()
+            if client.is_connection_alive():
+                return client
+            await _close(client)
+        self._start_reaper()
+        return await connect(conn, name)
+
+    def release(self, conn: Any, client: RmqsClient) -> None:
+        if client.is_connection_alive():
+            self._idle[conn.cache_key()].append((time.monotonic(), client))
+
+    async def discard(self, client: RmqsClient) -> None:
+        await _close(client)
+
+    async def evict_idle(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        closed = 0
+        for key, items in list(self._idle.items()):
+            keep = [(t, c) for t, c in items if now - t < IDLE_SECONDS and c.is_connection_alive()]
+            for t, c in items:
+                if (t, c) not in keep:
+                    await _close(c)
+                    closed += 1
+            self._idle[key] = keep
+        return closed
+
+    async def close(self) -> None:
+        for c in self._locators.values():
+            await _close(c)
+        for items in self._idle.values():
+            for _, c in items:
+                await _close(c)
+        self._locators.clear()
+        self._idle.clear()
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(IDLE_SECONDS / 2)
+            await self.evict_idle()
+
+
+async def _close(client: RmqsClient) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 5)
+    except Exception:
+        pass
+
+
+_pools: dict[tuple[int, int], ConnectionPool] = {}
+
+
+def get_pool() -> ConnectionPool:
+    """The pool of this process and of the running loop (the loop thread, or a trigger's loop)."""
+    key = (os.getpid(), id(asyncio.get_running_loop()))
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = ConnectionPool()
+    return pool
