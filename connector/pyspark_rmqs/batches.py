@@ -41,14 +41,30 @@ class BatchBuilder:
 
     def _reset(self) -> None:
         self.rows = 0
+        self.values: list[bytes] = []
         self.records: list[memoryview] = []
         self.offsets = array("q")
         self.timestamps = array("q")
 
+    def add_chunk(
+        self, data: bytes, num_entries: int, skip: int, take: int, first_offset: int, ts: int
+    ) -> None:
+        """Add records `[skip, skip + take)` of a chunk whose record `skip` has offset `first_offset`."""
+        if self.full:
+            self.records.extend(codec.chunk_records(data, num_entries)[skip : skip + take])
+        else:
+            self.values.extend(codec.chunk_bodies(data, num_entries, skip, take))
+        self._positions(take, first_offset, ts)
+
     def add(self, records: Sequence[memoryview], first_offset: int, timestamp_ms: int) -> None:
         """Add consecutive messages starting at `first_offset`, all from one chunk."""
-        n = len(records)
-        self.records.extend(records)
+        if self.full:
+            self.records.extend(records)
+        else:
+            self.values.extend(codec.bodies(records))
+        self._positions(len(records), first_offset, timestamp_ms)
+
+    def _positions(self, n: int, first_offset: int, timestamp_ms: int) -> None:
         self.offsets.extend(range(first_offset, first_offset + n))
         self.timestamps.extend(array("q", [timestamp_ms * 1000]) * n)
         self.rows += n
@@ -64,7 +80,7 @@ class BatchBuilder:
             cols = self._full_columns(offsets)
             arrays = [cols.pop("value"), stream_col, offsets, ts, *(cols[f] for f in self._ordered())]
         else:
-            arrays = [pa.array(codec.bodies(self.records), pa.binary()), stream_col, offsets, ts]
+            arrays = [pa.array(self.values, pa.binary()), stream_col, offsets, ts]
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._reset()
         return batch

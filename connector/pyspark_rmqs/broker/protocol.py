@@ -25,6 +25,7 @@ from rstream.encoding import _decode_struct, decode_frame
 
 STREAM_STATS_KEY = 0x001C
 DELIVER_KEY = Key.Deliver.value
+CONFIRM_KEY = Key.PublishConfirm.value
 _RESPONSE_BIT = 0x8000
 # Deliver v1: subscription id, then the osiris chunk header; the chunk data follows.
 _DELIVER = struct.Struct(">BbbHIqQQIIII")
@@ -41,7 +42,7 @@ class Chunk:
     num_records: int
     timestamp: int  # epoch millis
     first_offset: int
-    data: memoryview
+    data: bytes
 
     @property
     def next_offset(self) -> int:
@@ -56,6 +57,14 @@ class _Delivered:
 
 
 _DELIVERED = _Delivered()
+
+
+class _Confirmed:
+    key = Key.PublishConfirm
+    corr_id = None
+
+
+_CONFIRMED = _Confirmed()
 _CONNECT_TIMEOUT_S = 10.0
 
 
@@ -113,6 +122,7 @@ class FrameConnection(Connection):
             raise ConnectionClosed from e
 
     deliver: Callable[[Chunk], None] | None = None
+    confirm: Callable[[int, tuple[int, ...]], None] | None = None
     verify_crc: bool = True
 
     async def read_frame(self) -> schema.Frame:
@@ -120,6 +130,12 @@ class FrameConnection(Connection):
         key = int.from_bytes(data[0:2], "big")
         if key == DELIVER_KEY:
             return self._on_deliver(data)  # type: ignore[return-value]
+        if key == CONFIRM_KEY and self.confirm is not None:
+            # publisher id (uint8), count (int32), publishing ids (uint64 each): decoded in one call
+            publisher_id = data[4]
+            count = int.from_bytes(data[5:9], "big")
+            self.confirm(publisher_id, struct.unpack_from(f">{count}Q", data, 9))
+            return _CONFIRMED  # type: ignore[return-value]
         if key == STREAM_STATS_KEY | _RESPONSE_BIT:
             return _decode_struct(io.BytesIO(bytes(data[4:])), StreamStatsResponse)  # type: ignore[return-value]
         return decode_frame(bytes(data))
@@ -128,7 +144,7 @@ class FrameConnection(Connection):
         sub, _magic, ctype, entries, records, ts, _epoch, first, crc, size, _trailer, _r = (
             _DELIVER.unpack_from(data, 4)
         )
-        chunk_data = memoryview(data)[_DATA_AT : _DATA_AT + size]
+        chunk_data = bytes(data[_DATA_AT : _DATA_AT + size])
         if self.verify_crc and zlib.crc32(chunk_data) != crc:
             raise ValueError(f"chunk at offset {first}: CRC mismatch")
         if self.deliver is not None:
@@ -151,6 +167,17 @@ class RmqsClient(Client):
         kw.setdefault("connection_closed_handler", _ignore_closed)
         super().__init__(host, port, ssl_context=ssl_context, **kw)
         self.deliver_sinks: dict[int, Callable[[Chunk], None]] = {}
+        self.confirm_sinks: dict[int, Callable[[tuple[int, ...]], None]] = {}
+
+    def _dispatch_confirm(self, publisher_id: int, ids: tuple[int, ...]) -> None:
+        sink = self.confirm_sinks.get(publisher_id)
+        if sink is not None:
+            sink(ids)
+
+    async def send_raw(self, frame: bytes) -> None:
+        """Write an already encoded frame (publishing builds its frames itself, in one buffer)."""
+        assert self._conn is not None
+        await self._conn._write_frame_raw(frame)
 
     def _dispatch(self, chunk: Chunk) -> None:
         sink = self.deliver_sinks.get(chunk.subscription_id)
@@ -167,6 +194,7 @@ class RmqsClient(Client):
         assert self._conn is None
         conn = FrameConnection(self.host, self.port, self._ssl_context)
         conn.deliver = self._dispatch
+        conn.confirm = self._dispatch_confirm
         self._conn = conn
         await conn.open()
         self.start_task("listener", self._listener())

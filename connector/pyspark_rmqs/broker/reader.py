@@ -199,12 +199,11 @@ class RangeReader:
             if chunk.next_offset > self.next_offset:
                 self.next_offset = min(self.end, chunk.next_offset)
             return
-        records = codec.chunk_records(chunk.data, chunk.num_entries)
-        part = records[lo - first : hi - first]
         if self.s.filter_values and self.s.post_filter is not None:
+            part = codec.chunk_records(chunk.data, chunk.num_entries)[lo - first : hi - first]
             self._add_filtered(part, lo, chunk.timestamp, builder)
         else:
-            builder.add(part, lo, chunk.timestamp)
+            builder.add_chunk(chunk.data, chunk.num_entries, lo - first, hi - lo, lo, chunk.timestamp)
         self.next_offset = hi
 
     def _add_filtered(

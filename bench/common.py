@@ -1,0 +1,63 @@
+"""Shared benchmark plumbing: broker settings, stream setup, timing and the one-line report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.codec import encode
+from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def connection() -> ConnectionOptions:
+    """RMQS_TEST_URI's broker, else the project's local one (started if needed)."""
+    uri = os.environ.get("RMQS_TEST_URI")
+    if uri:
+        return parse_connection_options({"uris": uri})
+    subprocess.run(["bash", str(REPO / "scripts" / "broker.sh"), "up"], check=True)
+    return parse_connection_options({"endpoints": "localhost:5552"})
+
+
+@contextmanager
+def temp_stream(conn: ConnectionOptions, prefix: str = "bench") -> Iterator[str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client = BrokerClient(conn)
+    client.create_stream(name)
+    try:
+        yield name
+    finally:
+        client.delete_stream(name)
+
+
+def fill(conn: ConnectionOptions, stream: str, count: int, size: int = 100, batch: int = 10_000) -> None:
+    """Publish `count` messages with `size`-byte bodies (one data section each)."""
+    body = b"x" * size
+    with StreamProducer(conn, stream, superstream=False, settings=WriteSettings()) as p:
+        for i in range(0, count, batch):
+            p.send([encode(body)] * min(batch, count - i))
+        p.flush()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t, result
+
+
+def report(label: str, count: int, seconds: float, baseline_rate: float | None = None) -> float:
+    rate = count / seconds
+    line = f"{label}: {rate:,.0f} msg/s ({count:,} in {seconds:.2f} s)"
+    if baseline_rate:
+        line += f", {rate / baseline_rate:.2f}x"
+    print(line, flush=True)
+    return rate

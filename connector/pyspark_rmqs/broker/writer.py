@@ -1,0 +1,399 @@
+"""The producer: publisher confirms, a bounded confirm window, dedup names, routing, compression.
+
+One publisher per partition stream, each on its own connection (rstream's super stream producer
+misroutes key routing and hashes differently from the Java and Go clients; see DESIGN). Frames are
+encoded here in one buffer per batch. `send()` blocks while `max_in_flight` messages await
+confirms (up to `enqueue_timeout_ms`), and raises at once when any earlier message failed;
+`flush()` waits for every confirm (`confirm_timeout_ms`) and raises on any failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mmh3
+from rstream import exceptions as rx
+from rstream import schema
+
+from pyspark_rmqs.broker.client import AsyncBrokerClient
+from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.pool import get_pool
+from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.codec import COMPRESSION_CODES
+from pyspark_rmqs.errors import (
+    BrokerTimeoutError,
+    ConfigurationError,
+    PublishError,
+    StreamNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+HASH_SEED = 104729
+_PUBLISH_V1 = struct.Struct(">IHHBi")  # length, key, version, publisher id, count
+_MSG = struct.Struct(">QI")
+_MSG_FILTERED = struct.Struct(">Qh")
+_SUB_ENTRY = struct.Struct(">QBHII")
+
+RESPONSE_CODES = {
+    2: "stream does not exist",
+    6: "stream not available",
+    16: "access refused",
+    17: "precondition failed",
+    18: "publisher does not exist",
+}
+
+
+def hash_partition(routing_key: str, partitions: int) -> int:
+    """The partition the Java and Go clients choose: murmur3 x86 32-bit, seed 104729, UTF-8, unsigned."""
+    return mmh3.hash(routing_key.encode("utf-8"), HASH_SEED, signed=False) % partitions
+
+
+@dataclass
+class WriteSettings:
+    """What a producer needs; built from `SinkOptions`."""
+
+    producer_name: str | None = None
+    confirm_timeout_ms: int = 30_000
+    max_in_flight: int = 10_000
+    enqueue_timeout_ms: int = 10_000
+    batch_size: int = 500
+    compression: str = "none"
+    sub_entry_size: int = 1
+    routing_strategy: str = "hash"
+    partitioner_class: str | None = None
+
+
+def _compress(codec: int, data: bytes) -> bytes:
+    if codec == 0:
+        return data
+    if codec == 1:
+        import gzip
+
+        return gzip.compress(data, compresslevel=6)
+    import cramjam
+
+    if codec == 2:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec == 3:
+        return bytes(cramjam.lz4.compress_block(data, store_size=False))
+    return bytes(cramjam.zstd.compress(data))
+
+
+class _Publisher:
+    """One publisher on one partition stream; runs on the broker loop."""
+
+    def __init__(self, client: RmqsClient, stream: str, publisher_id: int, name: str | None) -> None:
+        self.client = client
+        self.stream = stream
+        self.id = publisher_id
+        self.name = name
+        self.next_id = 1
+        self.in_flight = 0
+        self.sent = 0
+        self.confirmed = 0
+        self.failures: list[tuple[int, int]] = []
+        self.changed = asyncio.Condition()
+
+    async def start(self) -> None:
+        self.client.confirm_sinks[self.id] = self._on_confirm
+        self.client.add_handler(schema.PublishError, self._on_error, name=f"rmqs-pub-{self.id}")
+        try:
+            await self.client.declare_publisher(self.stream, self.name, self.id)
+        except rx.StreamDoesNotExist as e:
+            raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
+        if self.name:
+            # Deduplication: continue after the last publishing id the broker kept for this name.
+            self.next_id = await self.client.query_publisher_sequence(self.stream, self.name) + 1
+
+    def _on_confirm(self, ids: tuple[int, ...]) -> None:
+        self.in_flight -= len(ids)
+        self.confirmed += len(ids)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    def _on_error(self, frame: schema.PublishError) -> None:
+        if frame.publisher_id != self.id:
+            return
+        for err in frame.errors:
+            self.failures.append((err.publishing_id, err.response_code))
+        self.in_flight -= len(frame.errors)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def raise_failures(self) -> None:
+        if self.failures:
+            pid, code = self.failures[0]
+            reason = RESPONSE_CODES.get(code, f"response code {code}")
+            raise PublishError(
+                f"the broker rejected {len(self.failures)} message(s) published to '{self.stream}' "
+                f"(first: publishing id {pid}, {reason})"
+            )
+
+    async def wait_window(self, room: int, max_in_flight: int, timeout_s: float) -> None:
+        """Wait until `room` more messages fit in the confirm window."""
+        if self.in_flight + room <= max_in_flight or self.in_flight == 0:
+            return
+        try:
+            async with self.changed:
+                await asyncio.wait_for(
+                    self.changed.wait_for(
+                        lambda: (
+                            self.in_flight + room <= max_in_flight
+                            or bool(self.failures)
+                            or not self.client.is_connection_alive()
+                        )
+                    ),
+                    timeout_s,
+                )
+        except TimeoutError as e:
+            raise BrokerTimeoutError(
+                f"{self.in_flight} messages to '{self.stream}' still unconfirmed after enqueueTimeoutMs="
+                f"{int(timeout_s * 1000)}; raise maxInFlight or check the broker"
+            ) from e
+
+    async def wait_all(self, timeout_s: float) -> None:
+        try:
+            async with self.changed:
+                await asyncio.wait_for(
+                    self.changed.wait_for(
+                        lambda: self.in_flight <= 0 or not self.client.is_connection_alive()
+                    ),
+                    timeout_s,
+                )
+        except TimeoutError as e:
+            raise PublishError(
+                f"{self.in_flight} of {self.sent} messages to '{self.stream}' were not confirmed within "
+                f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}"
+            ) from e
+        if self.in_flight > 0:
+            raise PublishError(
+                f"connection lost with {self.in_flight} messages to '{self.stream}' unconfirmed"
+            )
+
+    async def publish(
+        self, messages: Sequence[bytes], filters: Sequence[str | None] | None, s: WriteSettings
+    ) -> None:
+        step = s.batch_size * (s.sub_entry_size if s.sub_entry_size > 1 else 1)
+        for i in range(0, len(messages), step):
+            part = messages[i : i + step]
+            fpart = filters[i : i + step] if filters is not None else None
+            self.raise_failures()
+            await self.wait_window(len(part), s.max_in_flight, s.enqueue_timeout_ms / 1000)
+            if not self.client.is_connection_alive():
+                raise PublishError(f"connection to the broker lost while publishing to '{self.stream}'")
+            if s.sub_entry_size > 1:
+                frame, count = self._sub_entry_frame(part, s)
+            else:
+                frame, count = self._frame(part, fpart)
+            self.in_flight += count
+            self.sent += len(part)
+            await self.client.send_raw(frame)
+
+    def _frame(self, part: Sequence[bytes], filters: Sequence[str | None] | None) -> tuple[bytes, int]:
+        pid = self.next_id
+        buf: list[bytes] = []
+        if filters is None:
+            pack = _MSG.pack
+            for m in part:
+                buf.append(pack(pid, len(m)))
+                buf.append(m)
+                pid += 1
+            version = 1
+        else:
+            for m, f in zip(part, filters, strict=True):
+                if f is None:
+                    buf.append(_MSG_FILTERED.pack(pid, -1))
+                else:
+                    raw = f.encode("utf-8")
+                    buf.append(_MSG_FILTERED.pack(pid, len(raw)) + raw)
+                buf.append(len(m).to_bytes(4, "big"))
+                buf.append(m)
+                pid += 1
+            version = 2
+        body = b"".join(buf)
+        header = _PUBLISH_V1.pack(len(body) + 9, 2, version, self.id, len(part))
+        self.next_id = pid
+        return header + body, len(part)
+
+    def _sub_entry_frame(self, part: Sequence[bytes], s: WriteSettings) -> tuple[bytes, int]:
+        """Sub-entry batches: `sub_entry_size` messages per entry, compressed together; one confirm each."""
+        codec = COMPRESSION_CODES[s.compression]
+        entries: list[bytes] = []
+        for j in range(0, len(part), s.sub_entry_size):
+            group = part[j : j + s.sub_entry_size]
+            raw = b"".join(len(m).to_bytes(4, "big") + m for m in group)
+            data = _compress(codec, raw)
+            entries.append(
+                _SUB_ENTRY.pack(self.next_id, 0x80 | (codec << 4), len(group), len(raw), len(data)) + data
+            )
+            self.next_id += 1
+        body = b"".join(entries)
+        header = _PUBLISH_V1.pack(len(body) + 9, 2, 1, self.id, len(entries))
+        return header + body, len(entries)
+
+    async def close(self) -> None:
+        self.client.confirm_sinks.pop(self.id, None)
+        self.client.remove_handler(schema.PublishError, f"rmqs-pub-{self.id}")
+        if self.client.is_connection_alive():
+            try:
+                await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
+            except Exception:
+                log.debug("delete_publisher failed", exc_info=True)
+
+
+def load_partitioner(path: str) -> Callable[[str, list[str]], Any]:
+    """A custom partitioner: a dotted class path, no-argument constructor, `partition(key, partitions)`."""
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        instance = cls()
+    except Exception as e:
+        raise ConfigurationError(
+            f"partitionerClass '{path}' could not be loaded ({e}); it must be an importable class with a "
+            "no-argument constructor and a partition(routing_key, partitions) method"
+        ) from e
+    return instance.partition
+
+
+class StreamProducer:
+    """Synchronous producer for a stream or a super stream (the sink's executor side)."""
+
+    def __init__(self, conn: Any, target: str, *, superstream: bool, settings: WriteSettings) -> None:
+        self.conn = conn
+        self.target = target
+        self.superstream = superstream
+        self.s = settings
+        self._publishers: dict[str, _Publisher] = {}
+        self._clients: list[RmqsClient] = []
+        self._partitions: list[str] = []
+        self._routes: dict[str, list[str]] = {}
+        self._custom = load_partitioner(settings.partitioner_class) if settings.partitioner_class else None
+        self.messages = 0
+        if superstream:
+            self._partitions = run_sync(AsyncBrokerClient(conn).partitions(target), 60, "partitions")
+
+    @property
+    def partitions(self) -> list[str]:
+        return list(self._partitions)
+
+    def route(self, routing_key: str | None, row: int = -1) -> list[str]:
+        """The partition stream(s) a message with `routing_key` goes to."""
+        if not self.superstream:
+            return [self.target]
+        if routing_key is None:
+            where = f" (row {row})" if row >= 0 else ""
+            raise ConfigurationError(
+                f"a null routing_key{where}: writing to super stream '{self.target}' needs a routing_key "
+                "column with a value in every row"
+            )
+        strategy = self.s.routing_strategy
+        if strategy == "hash":
+            return [self._partitions[hash_partition(routing_key, len(self._partitions))]]
+        if strategy == "key":
+            found = self._routes.get(routing_key)
+            if found is None:
+                found = run_sync(AsyncBrokerClient(self.conn).route(routing_key, self.target), 60, "route")
+                self._routes[routing_key] = found
+            if not found:
+                raise ConfigurationError(
+                    f"routing key '{routing_key}' matches no binding of super stream '{self.target}' "
+                    "(routingStrategy=key routes by the broker's bindings)"
+                )
+            return found
+        assert self._custom is not None
+        chosen = self._custom(routing_key, list(self._partitions))
+        streams = [chosen] if isinstance(chosen, str) else list(chosen)
+        unknown = [x for x in streams if x not in self._partitions]
+        if unknown or not streams:
+            raise ConfigurationError(
+                f"partitionerClass returned {streams!r} for key '{routing_key}'; valid partitions: "
+                f"{self._partitions}"
+            )
+        return streams
+
+    def send(
+        self,
+        messages: Sequence[bytes],
+        routing_keys: Sequence[str | None] | None = None,
+        filter_values: Sequence[str | None] | None = None,
+    ) -> None:
+        """Publish encoded messages in order (per partition stream); blocks on a full confirm window."""
+        if not messages:
+            return
+        if not self.superstream:
+            groups = {
+                self.target: (list(messages), list(filter_values) if filter_values is not None else None)
+            }
+        else:
+            if routing_keys is None:
+                raise ConfigurationError(
+                    f"writing to super stream '{self.target}' needs a routing_key column"
+                )
+            groups = {}
+            for i, m in enumerate(messages):
+                for stream in self.route(routing_keys[i], i):
+                    msgs, fvals = groups.setdefault(stream, ([], [] if filter_values is not None else None))
+                    msgs.append(m)
+                    if fvals is not None and filter_values is not None:
+                        fvals.append(filter_values[i])
+        run_sync(self._send(groups), None, "publish")
+        self.messages += len(messages)
+
+    async def _send(self, groups: dict[str, tuple[list[bytes], list[str | None] | None]]) -> None:
+        for stream, (msgs, fvals) in groups.items():
+            pub = await self._publisher(stream)
+            await pub.publish(msgs, fvals, self.s)
+
+    async def _publisher(self, stream: str) -> _Publisher:
+        pub = self._publishers.get(stream)
+        if pub is None:
+            client = await get_pool().acquire(self.conn, "rmqs-writer")
+            self._clients.append(client)
+            pub = _Publisher(client, stream, 0, self.s.producer_name)
+            await pub.start()
+            self._publishers[stream] = pub
+        return pub
+
+    def flush(self) -> None:
+        """Wait for every confirm; raise when any message failed or stayed unconfirmed."""
+        run_sync(self._flush(), None, "flush")
+
+    async def _flush(self) -> None:
+        timeout = self.s.confirm_timeout_ms / 1000
+        await asyncio.gather(*(p.wait_all(timeout) for p in self._publishers.values()))
+        for p in self._publishers.values():
+            p.raise_failures()
+
+    def last_publishing_ids(self) -> dict[str, int]:
+        return {s: p.next_id - 1 for s, p in self._publishers.items()}
+
+    def close(self) -> None:
+        """Release the publishers and return their connections to the pool."""
+        try:
+            run_sync(self._close(), 60, "close producer")
+        except Exception:
+            log.debug("closing producer failed", exc_info=True)
+
+    async def _close(self) -> None:
+        for p in self._publishers.values():
+            await p.close()
+        pool = get_pool()
+        for c in self._clients:
+            pool.release(self.conn, c)
+        self._publishers.clear()
+        self._clients.clear()
+
+    def __enter__(self) -> StreamProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
