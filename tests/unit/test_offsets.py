@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.offsets import (
     EARLIEST,

@@ -7,6 +7,7 @@ import pickle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import (
     KNOWN_SINK_OPTIONS,
