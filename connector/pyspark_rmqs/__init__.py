@@ -1,0 +1,31 @@
+"""rmqs: RabbitMQ Streams and Super Streams for Apache Spark.
+
+`spark.read.format("rabbitmq_streams")` works once this package is installed: PySpark imports
+every top-level `pyspark_*` module and registers its `DefaultSource`. The Spark classes load
+lazily, so orchestration code importing `pyspark_rmqs.watermarks` never imports pyspark.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
+
+    DefaultSource = RabbitMQStreamsDataSource
+
+__all__ = ["DefaultSource", "RabbitMQStreamsDataSource", "lag_from_progress"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("DefaultSource", "RabbitMQStreamsDataSource"):
+        from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
+
+        return RabbitMQStreamsDataSource
+    if name == "lag_from_progress":
+        from pyspark_rmqs.progress import lag_from_progress
+
+        return lag_from_progress
+    raise AttributeError(f"module 'pyspark_rmqs' has no attribute {name!r}")

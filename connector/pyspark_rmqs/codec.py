@@ -13,7 +13,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark_rmqs.errors import DataError
@@ -36,16 +36,28 @@ def _gunzip(data: bytes | memoryview, size: int) -> bytes:
     return zlib.decompress(data, 16 + zlib.MAX_WBITS)
 
 
+# The Java and Go clients write the framed formats (snappy framing format, LZ4 frame); raw snappy and
+# LZ4 blocks are still read for data written without framing.
+_SNAPPY_FRAMED = b"\xff\x06\x00\x00sNaPpY"
+_LZ4_FRAME = b"\x04\x22\x4d\x18"
+
+
 def _unsnappy(data: bytes | memoryview, size: int) -> bytes:
     import cramjam
 
-    return bytes(cramjam.snappy.decompress_raw(bytes(data)))
+    raw = bytes(data)
+    if raw.startswith(_SNAPPY_FRAMED):
+        return bytes(cramjam.snappy.decompress(raw))
+    return bytes(cramjam.snappy.decompress_raw(raw))
 
 
 def _unlz4(data: bytes | memoryview, size: int) -> bytes:
     import cramjam
 
-    return bytes(cramjam.lz4.decompress_block(bytes(data), output_len=size))
+    raw = bytes(data)
+    if raw.startswith(_LZ4_FRAME):
+        return bytes(cramjam.lz4.decompress(raw))
+    return bytes(cramjam.lz4.decompress_block(raw, output_len=size))
 
 
 def _unzstd(data: bytes | memoryview, size: int) -> bytes:
@@ -120,9 +132,10 @@ def chunk_bodies(data: bytes, num_entries: int, skip: int, take: int) -> list[by
         p = pos + 4
         pos = p + size
         if i >= skip:
-            if startswith(_DATA8, p) and data[p + 4] + 5 == size:
+            # The `end` bounds keep the length reads inside this record (a truncated record ends a chunk).
+            if startswith(_DATA8, p, pos - 1) and data[p + 4] + 5 == size:
                 append(data[p + 5 : pos])
-            elif startswith(_DATA32, p) and unpack(data, p + 4)[0] + 8 == size:
+            elif startswith(_DATA32, p, pos - 4) and unpack(data, p + 4)[0] + 8 == size:
                 append(data[p + 8 : pos])
             else:
                 append(bodies([memoryview(data)[p:pos]])[0])
@@ -298,7 +311,7 @@ def bodies(records: Sequence[memoryview]) -> list[bytes]:
             continue
         try:
             append(_body(m))
-        except (ValueError, IndexError, struct.error):
+        except (ValueError, IndexError, struct.error, RecursionError):
             append(bytes(m))
     return out
 
@@ -316,6 +329,8 @@ def _body(m: memoryview) -> bytes:
             value, p = _value(m, q)
         else:
             p = _skip(m, q)
+    if p != n:
+        raise ValueError("truncated message")
     if parts:
         return parts[0] if len(parts) == 1 else b"".join(parts)
     if isinstance(value, bytes):
@@ -339,6 +354,13 @@ class Decoded:
 
 def decode(m: memoryview) -> Decoded:
     """Decode a whole message; raises ValueError when it is not valid AMQP 1.0."""
+    try:
+        return _decode(m)
+    except (IndexError, struct.error, RecursionError) as e:  # truncated or absurdly nested input
+        raise ValueError(f"malformed AMQP 1.0 message: {e}") from e
+
+
+def _decode(m: memoryview) -> Decoded:
     p, n = 0, len(m)
     parts: list[bytes] = []
     value: Any = None
@@ -438,12 +460,16 @@ def _enc_prop(name: str, v: Any) -> bytes:
     return _enc_str(str(v))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLI = timedelta(milliseconds=1)
+
+
 def to_millis(v: Any) -> int:
     """Epoch millis from a datetime (naive = UTC) or an int."""
     if isinstance(v, datetime):
         if v.tzinfo is None:
             v = v.replace(tzinfo=UTC)
-        return int(v.timestamp() * 1000)
+        return (v - _EPOCH) // _MILLI  # exact: float timestamp() * 1000 can lose a millisecond
     return int(v)
 
 

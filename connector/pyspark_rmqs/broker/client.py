@@ -53,6 +53,7 @@ class AsyncBrokerClient:
     def __init__(self, conn: Any, request_timeout_s: float = 30.0) -> None:
         self.conn = conn
         self.timeout = request_timeout_s
+        self.message_size: dict[str, float] = {}  # average bytes per message of the last chunk seen
 
     async def _locator(self) -> RmqsClient:
         return await get_pool().locator(self.conn)
@@ -108,6 +109,8 @@ class AsyncBrokerClient:
         if st.is_empty:
             return max(0, st.first_chunk_id)
         last = await self._probe_last_chunk(stream)
+        if last is not None and last.num_records:
+            self.message_size[stream] = len(last.data) / last.num_records
         # No user chunk at all (only tracking entries): nothing to read before the first chunk.
         return last.next_offset if last is not None else max(0, st.first_chunk_id)
 
@@ -277,6 +280,10 @@ class BrokerClient:
 
     def tail(self, stream: str) -> int:
         return self._run(self.aio.tail(stream), "tail")
+
+    def message_sizes(self) -> dict[str, float]:
+        """Average message size per stream, from the last chunk each tail probe saw."""
+        return dict(self.aio.message_size)
 
     def tails(self, streams: Iterable[str]) -> dict[str, int]:
         async def all_tails(names: list[str]) -> dict[str, int]:

@@ -10,7 +10,6 @@ confirms (up to `enqueue_timeout_ms`), and raises at once when any earlier messa
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -251,17 +250,11 @@ class _Publisher:
 
 
 def load_partitioner(path: str) -> Callable[[str, list[str]], Any]:
-    """A custom partitioner: a dotted class path, no-argument constructor, `partition(key, partitions)`."""
-    module, _, name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-        instance = cls()
-    except Exception as e:
-        raise ConfigurationError(
-            f"partitionerClass '{path}' could not be loaded ({e}); it must be an importable class with a "
-            "no-argument constructor and a partition(routing_key, partitions) method"
-        ) from e
-    return instance.partition
+    """A custom partitioner (`partitionerClass`): `partition(routing_key, partitions)`."""
+    from pyspark_rmqs.extensions import Partitioner, load
+
+    partitioner: Partitioner = load(path, "partitionerClass", Partitioner)
+    return partitioner.partition
 
 
 class StreamProducer:

@@ -1,0 +1,243 @@
+"""Structured Streaming micro-batch reads: admission control, AvailableNow, best-effort broker commits.
+
+The driver-side runner owns offsets; executors only see what `partitions()` puts in each
+InputPartition. Spark's checkpoint is the source of truth: `commit(end)` stores `end - 1` per
+partition stream in the broker in the background, as metadata that never gates Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from pyspark_rmqs import offsets as off
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.options import SourceOptions
+from pyspark_rmqs.planning import (
+    Bounds,
+    bounds,
+    check_version,
+    partition_streams,
+    report_data_loss,
+    starting_offsets,
+    stored_starts,
+)
+from pyspark_rmqs.spark.common import RangePartition, read_partition, to_partitions
+
+log = logging.getLogger(__name__)
+
+TAIL_TTL_S = 0.5  # Spark polls latestOffset ~30 times a second when idle
+PARTITIONS_TTL_S = 30.0
+COMMIT_TIMEOUT_S = 30.0
+
+
+class _Metadata:
+    """Briefly cached partitions, first offsets and tails (driver side)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.client = BrokerClient(opts.connection)
+        self._streams: list[str] = []
+        self._streams_at = 0.0
+        self._tails: dict[str, int] = {}
+        self._firsts: dict[str, int] = {}
+        self._tails_at = 0.0
+        self.sizes: dict[str, float] = {}
+
+    def streams(self) -> list[str]:
+        if not self._streams or time.monotonic() - self._streams_at > PARTITIONS_TTL_S:
+            self._streams = partition_streams(self.client, self.opts)
+            self._streams_at = time.monotonic()
+        return self._streams
+
+    def refresh(self, force: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+        if force or time.monotonic() - self._tails_at > TAIL_TTL_S:
+            b = bounds(self.client, self.streams(), self.opts.fail_on_data_loss)
+            self._firsts, self._tails = b.first, b.tail
+            self._tails_at = time.monotonic()
+            self.sizes = self.client.message_sizes()
+        return self._firsts, self._tails
+
+
+class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._meta: _Metadata | None = None
+        self._snapshot: dict[str, int] | None = None
+        self._avg_size = float(opts.estimated_message_size_bytes)
+        self._commit_thread: threading.Thread | None = None
+
+    # -- driver side ---------------------------------------------------------------------------
+
+    @property
+    def meta(self) -> _Metadata:
+        if self._meta is None:
+            self._meta = _Metadata(self.opts)
+            check_version(self._meta.client, self.opts)
+        return self._meta
+
+    def initialOffset(self) -> dict[str, int]:
+        """No checkpoint yet: the broker-stored offsets of `consumerName`, else `startingOffsets`."""
+        firsts, tails = self.meta.refresh(force=True)
+        b = _bounds(firsts, tails)
+        configured = starting_offsets(self.meta.client, self.opts, b)
+        if self.opts.consumer_name:
+            # Lookup errors (authentication, connection) fail: an explicit name must not be ignored.
+            stored = stored_starts(self.meta.client, self.opts.consumer_name, list(tails))
+            for s, v in stored.items():
+                if v is not None:
+                    configured[s] = v
+                    log.info(
+                        "resuming '%s' from the offset stored for '%s': %d", s, self.opts.consumer_name, v
+                    )
+        return self._clamp(configured, firsts)
+
+    def _clamp(self, start: dict[str, int], firsts: dict[str, int]) -> dict[str, int]:
+        out = dict(start)
+        for s, v in start.items():
+            first = firsts.get(s, 0)
+            if v < first:
+                report_data_loss(
+                    self.opts.fail_on_data_loss,
+                    f"offsets [{v}, {first}) of stream '{s}' were removed by retention before they were read",
+                )
+                out[s] = first
+        return out
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Snapshot the tails: an AvailableNow query drains to here and stops, whatever arrives later."""
+        _, tails = self.meta.refresh(force=True)
+        self._snapshot = dict(tails)
+        log.info("AvailableNow: draining '%s' to %s", self.opts.name, off.offsets_to_json(self._snapshot))
+
+    def _targets(self) -> dict[str, int]:
+        _, tails = self.meta.refresh()
+        if self._snapshot is None:
+            return dict(tails)
+        # New partitions after the snapshot are not part of this run.
+        return {s: min(t, self._snapshot[s]) for s, t in tails.items() if s in self._snapshot}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        start = self._with_new_partitions(start)
+        targets = self._targets()
+        starts = {s: start[s] for s in targets if s in start}
+        ends = {s: max(starts[s], targets[s]) for s in starts}
+        max_rows = self._row_budget(limit)
+        if max_rows is not None:
+            ends = off.apply_limit(starts, ends, max_rows)
+        result = dict(start)
+        result.update(ends)
+        return result
+
+    def _row_budget(self, limit: ReadLimit) -> int | None:
+        """Rows allowed in this micro-batch; the most restrictive of the engine's and our limits."""
+        sizes = self.meta.sizes
+        if sizes:  # running average message size, from the chunks the tail probes saw
+            self._avg_size = 0.8 * self._avg_size + 0.2 * (sum(sizes.values()) / len(sizes))
+        if isinstance(limit, ReadAllAvailable):
+            return None
+        budgets = []
+        if isinstance(limit, ReadMaxRows):
+            budgets.append(limit.max_rows)
+        if isinstance(limit, ReadMaxBytes):
+            budgets.append(off.rows_for_bytes(limit.max_bytes, self._avg_size))
+        if self.opts.max_records_per_trigger is not None:
+            budgets.append(self.opts.max_records_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            budgets.append(off.rows_for_bytes(self.opts.max_bytes_per_trigger, self._avg_size))
+        return min(budgets) if budgets else None
+
+    def _with_new_partitions(self, start: dict[str, int]) -> dict[str, int]:
+        """Partitions added to a super stream since the checkpoint start at their first offset."""
+        firsts, _ = self.meta.refresh()
+        out = dict(start)
+        for s, first in firsts.items():
+            if s not in out:
+                log.info("new partition stream '%s': reading it from offset %d", s, first)
+                out[s] = first
+        return out
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        _, tails = self.meta.refresh()
+        return dict(tails)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        firsts, _ = self.meta.refresh()
+        starts = {s: v for s, v in start.items() if s in end}
+        for s in end:
+            starts.setdefault(s, firsts.get(s, 0))
+        starts = self._clamp({s: v for s, v in starts.items() if s in firsts or v >= end[s]}, firsts)
+        missing = [s for s in end if s not in firsts and end[s] > start.get(s, 0)]
+        for s in missing:
+            report_data_loss(self.opts.fail_on_data_loss, f"partition stream '{s}' no longer exists")
+        ranges = off.plan_ranges({s: v for s, v in starts.items() if s not in missing}, end)
+        return to_partitions(off.split_ranges(ranges, self.opts.min_partitions))
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Store `end - 1` per stream for `consumerName` in the background (best effort)."""
+        if not (self.opts.server_side_offset_tracking and self.opts.consumer_name):
+            return
+        last = {s: v - 1 for s, v in end.items() if v > 0}
+        if not last:
+            return
+        previous = self._commit_thread
+        if previous is not None and previous.is_alive():
+            previous.join(COMMIT_TIMEOUT_S)  # keep stores in order; never more than one behind
+        consumer = self.opts.consumer_name
+        client = self.meta.client
+
+        def store() -> None:
+            try:
+                client.store_offsets(consumer, last)
+            except (RmqsError, OSError) as e:
+                log.warning(
+                    "could not store offsets of '%s' in the broker (Spark's checkpoint is unaffected): %s",
+                    consumer,
+                    e,
+                )
+
+        t = threading.Thread(target=store, name="rmqs-store-offsets", daemon=True)
+        t.start()
+        self._commit_thread = t
+
+    def stop(self) -> None:
+        t = self._commit_thread
+        if t is not None and t.is_alive():
+            t.join(COMMIT_TIMEOUT_S)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_meta"] = None
+        state["_commit_thread"] = None
+        return state
+
+    # -- executor side -------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_partition(self.opts, partition)
+
+
+def _bounds(firsts: dict[str, int], tails: dict[str, int]) -> Bounds:
+    return Bounds(dict(firsts), dict(tails))
