@@ -38,6 +38,9 @@ from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, Stre
 log = logging.getLogger(__name__)
 
 _IDLE_CHECK_S = 0.25
+# With filtering, the broker skips chunks without a matching filter value and sends nothing: a
+# read whose range is fully written ends after this long without a chunk.
+_FILTER_IDLE_END_S = 2.0
 _MAX_RECONNECTS = 5
 
 
@@ -75,7 +78,9 @@ class _Bridge:
         self.loop = asyncio.get_running_loop()
 
     def on_chunk(self, chunk: Chunk) -> None:  # loop thread
-        if chunk.chunk_type != 0:
+        if chunk.chunk_type != 0:  # not user data: nothing to queue, but keep the credit flowing
+            if chunk.next_offset < self.end:
+                self.loop.create_task(self._credit())
             return
         self.q.put(chunk)
         grant = False
@@ -129,6 +134,10 @@ class RangeReader:
             client, bridge = run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
             try:
                 yield from self._drain(bridge, builder, deadline)
+            except BrokerTimeoutError:
+                # pollTimeoutMs / maxWaitMs: the connection is fine, the data is not there; no retry.
+                run_sync(self._close(client, bridge, reuse=False), 30)
+                raise
             except BrokerUnavailableError:
                 reconnects += 1
                 if reconnects > _MAX_RECONNECTS:
@@ -171,7 +180,7 @@ class RangeReader:
                 idle = time.monotonic() - last_chunk_at
                 if idle >= _IDLE_CHECK_S and time.monotonic() - idle_checked_at > 1.0:
                     idle_checked_at = time.monotonic()
-                    if self._nothing_left():
+                    if self._nothing_left(idle):
                         self.next_offset = self.end
                         return
                 if idle > poll_s:
@@ -226,7 +235,7 @@ class RangeReader:
         if run:
             builder.add(run, run_start, ts)
 
-    def _nothing_left(self) -> bool:
+    def _nothing_left(self, idle_s: float) -> bool:
         """True when no user message remains in [next_offset, end): the broker has nothing to send."""
         aio = AsyncBrokerClient(self.conn)
         tail = run_sync(aio.tail(self.stream), 30, f"tail of '{self.stream}'")
@@ -235,7 +244,7 @@ class RangeReader:
             # Every offset below `end` is written (tracking entries included): nothing more can come.
             return stats.committed_chunk_id + 1 >= self.end or tail >= self.end
         # Filtering: the broker skips chunks without a matching filter value.
-        return bool(self.s.filter_values) and tail >= self.end
+        return bool(self.s.filter_values) and tail >= self.end and idle_s >= _FILTER_IDLE_END_S
 
     async def _subscribe(self, offset: int) -> tuple[RmqsClient, _Bridge]:
         client = await get_pool().acquire(self.conn, "rmqs-reader")

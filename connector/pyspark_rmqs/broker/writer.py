@@ -79,9 +79,9 @@ def _compress(codec: int, data: bytes) -> bytes:
     import cramjam
 
     if codec == 2:
-        return bytes(cramjam.snappy.compress_raw(data))
+        return bytes(cramjam.snappy.compress(data))  # framing format, as the Java client writes
     if codec == 3:
-        return bytes(cramjam.lz4.compress_block(data, store_size=False))
+        return bytes(cramjam.lz4.compress(data))  # LZ4 frame, as the Java client writes
     return bytes(cramjam.zstd.compress(data))
 
 

@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class RabbitMQStreamsBatchReader(DataSourceReader):
+    """Batch reader without filter pushdown (Spark refuses a reader with `pushFilters` when
+    `spark.sql.python.filterPushdown.enabled` is false, its default)."""
+
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self.pushed = Pushed()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        return list(push(filters, self.pushed))
 
     def plan(self) -> list[off.OffsetRange]:
         """Start and end per partition stream, resolved once; filters and minPartitions applied."""
@@ -54,5 +54,12 @@ class RabbitMQStreamsBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_partition(self.opts, partition)
+        if isinstance(partition, RangePartition):  # Spark adds an InputPartition(None) to an empty plan
+            yield from read_partition(self.opts, partition)
+
+
+class RabbitMQStreamsFilteringBatchReader(RabbitMQStreamsBatchReader):
+    """Batch reader with filter pushdown on `offset`, `stream` and `chunk_timestamp`."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        return list(push(filters, self.pushed))

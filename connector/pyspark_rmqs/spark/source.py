@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -26,11 +28,29 @@ class RabbitMQStreamsDataSource(DataSource):
         return source_ddl(opts.metadata_fields)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from pyspark_rmqs.spark.batch import RabbitMQStreamsBatchReader
+        from pyspark_rmqs.spark.batch import RabbitMQStreamsBatchReader, RabbitMQStreamsFilteringBatchReader
 
-        return RabbitMQStreamsBatchReader(parse_source_options(dict(self.options), streaming=False))
+        opts = parse_source_options(dict(self.options), streaming=False)
+        if _pushdown_enabled():
+            return RabbitMQStreamsFilteringBatchReader(opts)
+        return RabbitMQStreamsBatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader
 
         return RabbitMQStreamsStreamReader(parse_source_options(dict(self.options), streaming=True))
+
+
+def _pushdown_enabled() -> bool:
+    """Whether `spark.sql.python.filterPushdown.enabled` is on for the read being planned.
+
+    PySpark hands the setting to its planning worker but not to the data source, and fails a read
+    whose reader implements `pushFilters` while it is off (the default). The worker keeps it in a
+    local of its `_main`; read it from there, and plan without pushdown when it cannot be found.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_main" and "enable_pushdown" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

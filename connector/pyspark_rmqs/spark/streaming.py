@@ -235,8 +235,8 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     # -- executor side -------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_partition(self.opts, partition)
+        if isinstance(partition, RangePartition):  # Spark adds an InputPartition(None) to an empty plan
+            yield from read_partition(self.opts, partition)
 
 
 def _bounds(firsts: dict[str, int], tails: dict[str, int]) -> Bounds:

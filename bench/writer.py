@@ -1,0 +1,94 @@
+"""Writer throughput against a bare rstream producer, in one run against the same broker.
+
+    .venv/bin/python -m bench.writer [--messages N]
+
+Both sides publish the same N pre-built messages (100-byte bodies in one AMQP data section) to a
+fresh stream each and stop the clock when the last confirm arrives; publisher setup is excluded
+(one warm-up message, confirmed, before the clock starts). Prints one line per side, the second
+ending in the ratio to the bare producer: `writer: ... 1.05x`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from rstream import Producer, RawMessage
+from rstream.producer import ConfirmationStatus
+
+from bench.common import connection, report, temp_stream
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.codec import encode
+from pyspark_rmqs.options import ConnectionOptions
+
+BODY = b"x" * 100
+BARE_BATCH = 5_000  # messages per rstream send_batch: one publish frame each (~585 KB < frame_max)
+OUR_BATCH = 10_000  # messages per StreamProducer.send()
+
+
+async def _bare(conn: ConnectionOptions, stream: str, count: int) -> float:
+    """rstream's own producer: send_batch with a confirm callback; seconds from first send to last confirm."""
+    host, port = conn.addresses()[0]
+    messages = [RawMessage(encode(BODY)) for _ in range(count)]  # distinct: rstream sets publishing_id
+    confirmed = 0
+    failed = 0
+    target = 1
+    done = asyncio.Event()
+
+    def on_confirm(status: ConfirmationStatus) -> None:
+        nonlocal confirmed, failed
+        if status.is_confirmed:
+            confirmed += 1
+        else:
+            failed += 1
+        if confirmed + failed >= target:
+            done.set()
+
+    async with Producer(
+        host, port, username=conn.username, password=conn.password.get_secret_value(), vhost=conn.vhost
+    ) as p:
+        # warm-up: connect to the leader and declare the publisher outside the clock
+        await p.send_batch(stream, [RawMessage(encode(BODY))], on_publish_confirm=on_confirm)
+        await asyncio.wait_for(done.wait(), 60)
+        confirmed, failed, target = 0, 0, count
+        done.clear()
+        start = time.perf_counter()
+        for i in range(0, count, BARE_BATCH):
+            await p.send_batch(stream, messages[i : i + BARE_BATCH], on_publish_confirm=on_confirm)
+        await asyncio.wait_for(done.wait(), 600)
+        seconds = time.perf_counter() - start
+    assert failed == 0 and confirmed == count, (confirmed, failed, count)
+    return seconds
+
+
+def _ours(conn: ConnectionOptions, stream: str, count: int) -> float:
+    """`StreamProducer.send()` in batches of 10,000, then `flush()`; seconds from first send to flush."""
+    messages = [encode(BODY) for _ in range(count)]
+    with StreamProducer(conn, stream, superstream=False, settings=WriteSettings()) as p:
+        p.send([encode(BODY)])  # warm-up: pool connection and publisher declaration outside the clock
+        p.flush()
+        start = time.perf_counter()
+        for i in range(0, count, OUR_BATCH):
+            p.send(messages[i : i + OUR_BATCH])
+        p.flush()
+        seconds = time.perf_counter() - start
+        assert p.messages == count + 1, (p.messages, count)
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    n = ap.parse_args().messages
+    conn = connection()
+    with temp_stream(conn, "bench-writer-bare") as stream:
+        secs = asyncio.run(_bare(conn, stream, n))
+    base = report("bare rstream producer", n, secs)
+    with temp_stream(conn, "bench-writer") as stream:
+        secs = _ours(conn, stream, n)
+    report("writer", n, secs, base)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Test data helpers on rmqs's own producer and client (tests of the producer itself live elsewhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.codec import encode
+from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
+from tests.support.broker import BrokerSettings
+
+
+def conn_of(b: BrokerSettings) -> ConnectionOptions:
+    return parse_connection_options(
+        {"endpoints": f"{b.host}:{b.port}", "username": b.username, "password": b.password, "vhost": b.vhost}
+    )
+
+
+def publish(b: BrokerSettings, stream: str, bodies: Sequence[bytes], batch: int = 1000) -> None:
+    """Publish each body as one message to `stream`, waiting for every confirm."""
+    with StreamProducer(conn_of(b), stream, superstream=False, settings=WriteSettings()) as p:
+        for i in range(0, len(bodies), batch):
+            p.send([encode(x) for x in bodies[i : i + batch]])
+        p.flush()
+
+
+def publish_keyed(b: BrokerSettings, superstream: str, items: Sequence[tuple[str, bytes]]) -> None:
+    """Publish (routing key, body) pairs to a super stream with hash routing."""
+    with StreamProducer(conn_of(b), superstream, superstream=True, settings=WriteSettings()) as p:
+        p.send([encode(body) for _, body in items], routing_keys=[k for k, _ in items])
+        p.flush()
+
+
+def client(b: BrokerSettings) -> BrokerClient:
+    return BrokerClient(conn_of(b))
+
+
+def spark_options(b: BrokerSettings, **extra: str) -> dict[str, str]:
+    return {**b.spark_options, **{k: str(v) for k, v in extra.items()}}
