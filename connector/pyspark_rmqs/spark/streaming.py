@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 TAIL_TTL_S = 0.5  # Spark polls latestOffset ~30 times a second when idle
 PARTITIONS_TTL_S = 30.0
 COMMIT_TIMEOUT_S = 30.0
+COMMIT_WAIT_S = 5.0
 
 
 class _Metadata:
@@ -195,7 +196,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return to_partitions(off.split_ranges(ranges, self.opts.min_partitions))
 
     def commit(self, end: dict[str, int]) -> None:
-        """Store `end - 1` per stream for `consumerName` in the background (best effort)."""
+        """Store `end - 1` per stream for `consumerName` (best effort, bounded wait, never raises)."""
         if not (self.opts.server_side_offset_tracking and self.opts.consumer_name):
             return
         last = {s: v - 1 for s, v in end.items() if v > 0}
@@ -220,6 +221,9 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         t = threading.Thread(target=store, name="rmqs-store-offsets", daemon=True)
         t.start()
         self._commit_thread = t
+        # Usually done in milliseconds: wait that long, so the last commit of a run is stored before
+        # Spark tears the runner down; a slow broker only delays the next commit, never blocks it.
+        t.join(COMMIT_WAIT_S)
 
     def stop(self) -> None:
         t = self._commit_thread
