@@ -41,7 +41,10 @@ def output(spark: SparkSession, out: Path) -> list[tuple[str, int, bytes]]:
 
 
 def test_restart_from_checkpoint_reads_everything_exactly_once(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     s = streams.stream()
     first = [f"a{i}".encode() for i in range(300)]
@@ -56,7 +59,10 @@ def test_restart_from_checkpoint_reads_everything_exactly_once(
 
 
 def test_available_now_stops_at_the_snapshot_while_producers_publish(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     s = streams.stream()
     publish(broker, s, [b"before"] * 1000)
@@ -84,7 +90,10 @@ def test_available_now_stops_at_the_snapshot_while_producers_publish(
 
 
 def test_max_records_per_trigger_batch_sizes(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     s = streams.stream()
     publish(broker, s, [b"x"] * 350)
@@ -96,7 +105,10 @@ def test_max_records_per_trigger_batch_sizes(
 
 
 def test_resume_from_broker_stored_offset_without_checkpoint(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     s = streams.stream()
     bodies = [f"m{i}".encode() for i in range(250)]
@@ -114,13 +126,21 @@ def test_resume_from_broker_stored_offset_without_checkpoint(
 
 
 def test_server_side_offset_tracking_false_stores_nothing(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     s = streams.stream()
     publish(broker, s, [b"x"] * 50)
     drain(
-        spark, broker, tmp_path / "out", tmp_path / "ckpt",
-        stream=s, consumerName="no-tracking", serverSideOffsetTracking="false",
+        spark,
+        broker,
+        tmp_path / "out",
+        tmp_path / "ckpt",
+        stream=s,
+        consumerName="no-tracking",
+        serverSideOffsetTracking="false",
     )
     assert len(output(spark, tmp_path / "out")) == 50
     time.sleep(1.0)
@@ -128,7 +148,10 @@ def test_server_side_offset_tracking_false_stores_nothing(
 
 
 def test_super_stream_streaming_read(
-    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path  # type: ignore[no-untyped-def]
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     name, parts = streams.super_stream(2)
     for p in parts:

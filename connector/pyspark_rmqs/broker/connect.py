@@ -34,6 +34,12 @@ def ssl_context(conn: Any) -> ssl.SSLContext | None:
     cert = getattr(conn, "tls_cert_file", None)
     if cert:
         ctx.load_cert_chain(cert, getattr(conn, "tls_key_file", None) or None)
+    keystore = getattr(conn, "tls_keystore", None)
+    if keystore:
+        from pyspark_rmqs.broker.tls import keystore_pem_files
+
+        cert_file, key_file = keystore_pem_files(keystore, _secret(conn, "tls_keystore_password"))
+        ctx.load_cert_chain(cert_file, key_file)
     return ctx
 
 
