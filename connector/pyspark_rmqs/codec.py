@@ -442,6 +442,14 @@ def _enc_map(pairs: Sequence[tuple[bytes, bytes]]) -> bytes:
     return b"\xd1" + struct.pack(">II", len(body) + 4, count) + body
 
 
+def encode_body(body: bytes) -> bytes:
+    """A message that is just one data section: the fast path for value-only writes."""
+    n = len(body)
+    if n < 256:
+        return b"\x00\x53\x75\xa0" + bytes((n,)) + body
+    return b"\x00\x53\x75\xb0" + _U32.pack(n) + body
+
+
 def _section(code: int, value: bytes) -> bytes:
     return bytes((0x00, 0x53, code)) + value
 

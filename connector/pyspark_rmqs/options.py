@@ -195,6 +195,10 @@ def _suggest(key: str, candidates: tuple[str, ...]) -> str | None:
     return by_lower[best]
 
 
+# Keys Spark itself puts into a data source's options (not ours to validate).
+_SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+
+
 def _normalize(
     options: Mapping[str, Any],
     *,
@@ -218,7 +222,7 @@ def _normalize(
             continue
         key = str(raw_key).strip()
         lower = key.lower()
-        if lower.startswith("spark.") or lower.startswith("path"):
+        if lower.startswith("spark.") or lower in _SPARK_KEYS:
             continue
         if lower in removed:
             name, hint = removed[lower]

@@ -84,6 +84,8 @@ class AsyncBrokerClient:
         return list(parts)
 
     async def route(self, routing_key: str, superstream: str) -> list[str]:
+        if routing_key is None:
+            raise ValueError("route() needs a routing key, got None")
         return list(await self._call("route", lambda c: c.route(routing_key, superstream)))
 
     async def stats(self, stream: str) -> StreamStats:

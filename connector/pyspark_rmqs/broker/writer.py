@@ -67,6 +67,10 @@ class WriteSettings:
     sub_entry_size: int = 1
     routing_strategy: str = "hash"
     partitioner_class: str | None = None
+    # With a producer name: True continues after the broker's last publishing id (a new batch of
+    # data); False numbers messages 1, 2, ... per stream, so re-sending the same rows under the
+    # same name is deduplicated by the broker (the Spark sink's mode).
+    resume_sequence: bool = True
 
 
 def _compress(codec: int, data: bytes) -> bytes:
@@ -88,11 +92,14 @@ def _compress(codec: int, data: bytes) -> bytes:
 class _Publisher:
     """One publisher on one partition stream; runs on the broker loop."""
 
-    def __init__(self, client: RmqsClient, stream: str, publisher_id: int, name: str | None) -> None:
+    def __init__(
+        self, client: RmqsClient, stream: str, publisher_id: int, name: str | None, resume: bool = True
+    ) -> None:
         self.client = client
         self.stream = stream
         self.id = publisher_id
         self.name = name
+        self.resume = resume
         self.next_id = 1
         self.in_flight = 0
         self.sent = 0
@@ -107,8 +114,8 @@ class _Publisher:
             await self.client.declare_publisher(self.stream, self.name, self.id)
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
-        if self.name:
-            # Deduplication: continue after the last publishing id the broker kept for this name.
+        if self.name and self.resume:
+            # Continue after the last publishing id the broker kept for this name.
             self.next_id = await self.client.query_publisher_sequence(self.stream, self.name) + 1
 
     def _on_confirm(self, ids: tuple[int, ...]) -> None:
@@ -351,7 +358,7 @@ class StreamProducer:
         if pub is None:
             client = await get_pool().acquire(self.conn, "rmqs-writer")
             self._clients.append(client)
-            pub = _Publisher(client, stream, 0, self.s.producer_name)
+            pub = _Publisher(client, stream, 0, self.s.producer_name, self.s.resume_sequence)
             await pub.start()
             self._publishers[stream] = pub
         return pub
@@ -365,6 +372,10 @@ class StreamProducer:
         await asyncio.gather(*(p.wait_all(timeout) for p in self._publishers.values()))
         for p in self._publishers.values():
             p.raise_failures()
+
+    def message_counts(self) -> dict[str, int]:
+        """Messages sent per partition stream (confirmed once `flush()` returned)."""
+        return {s: p.sent for s, p in self._publishers.items()}
 
     def last_publishing_ids(self) -> dict[str, int]:
         return {s: p.next_id - 1 for s, p in self._publishers.items()}

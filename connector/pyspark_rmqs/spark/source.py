@@ -8,10 +8,13 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
-from pyspark_rmqs.options import parse_source_options
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.options import parse_sink_options, parse_source_options
 from pyspark_rmqs.schema import source_ddl
 
 
@@ -39,6 +42,28 @@ class RabbitMQStreamsDataSource(DataSource):
         from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader
 
         return RabbitMQStreamsStreamReader(parse_source_options(dict(self.options), streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from pyspark_rmqs.spark.sink import RabbitMQStreamsWriter, check_sink_schema
+
+        _append_only(overwrite)
+        opts = parse_sink_options(dict(self.options))
+        return RabbitMQStreamsWriter(opts, check_sink_schema(schema, opts))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from pyspark_rmqs.spark.sink import RabbitMQStreamsStreamWriter, check_sink_schema
+
+        _append_only(overwrite)
+        opts = parse_sink_options(dict(self.options))
+        return RabbitMQStreamsStreamWriter(opts, check_sink_schema(schema, opts))
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise ConfigurationError(
+            "rabbitmq_streams writes append only: a stream cannot be overwritten or truncated; "
+            "use mode('append') (or outputMode('append') for streaming)"
+        )
 
 
 def _pushdown_enabled() -> bool:

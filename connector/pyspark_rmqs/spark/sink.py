@@ -1,0 +1,296 @@
+"""Batch and streaming writes: Arrow batches -> AMQP 1.0 messages -> producers with confirms.
+
+Append only. The input schema is checked once on the driver (`check_sink_schema`); executors turn
+each Arrow batch into messages, route them (super streams) and publish with a bounded confirm
+window. `write()` returns only after every confirm arrived, so a task that succeeded has all its
+rows in the broker; Spark's commit then only records what was written.
+
+Deduplication (`producerName`): each task publishes as `producerName-p<partition>-t<attempt>`
+(streaming adds `-e<epoch>`) with publishing ids 1, 2, ... per partition stream in row order, so a
+job or epoch re-run with the same input is dropped by the broker. A retried or speculative task
+attempt has another name: its rows are not deduplicated against the first attempt's. Sub-entry
+batching confirms whole batches, so it does not deduplicate single messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from pyspark_rmqs import codec
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.errors import ConfigurationError, DataError
+from pyspark_rmqs.options import SinkOptions
+from pyspark_rmqs.schema import PROPERTY_NAMES, SINK_COLUMNS
+
+log = logging.getLogger(__name__)
+
+_TS = (TimestampType, TimestampNTZType)
+
+
+def check_sink_schema(schema: StructType, opts: SinkOptions) -> list[str]:
+    """Validate the DataFrame's columns; return the ones to write. Errors name the column."""
+    names = [f.name for f in schema.fields]
+    unknown = [n for n in names if n not in SINK_COLUMNS]
+    if unknown and not opts.ignore_unknown_columns:
+        raise ConfigurationError(
+            f"unknown column(s) {', '.join(repr(u) for u in unknown)} for a rabbitmq_streams write; valid "
+            f"columns: {', '.join(SINK_COLUMNS)} (or set ignoreUnknownColumns=true to drop them)"
+        )
+    if "value" not in names:
+        raise ConfigurationError("a rabbitmq_streams write needs a 'value' column (binary or string)")
+    types = {f.name: f.dataType for f in schema.fields}
+
+    def need(col: str, ok: bool, what: str) -> None:
+        if col in types and not ok:
+            raise ConfigurationError(f"column '{col}' must be {what}; it is {types[col].simpleString()}")
+
+    need("value", isinstance(types["value"], BinaryType | StringType), "binary or string")
+    need("stream", isinstance(types.get("stream"), StringType), "string")
+    need("routing_key", isinstance(types.get("routing_key"), StringType), "string")
+    need("creation_time", isinstance(types.get("creation_time"), _TS), "timestamp")
+    for m in ("application_properties", "message_annotations"):
+        t = types.get(m)
+        need(m, isinstance(t, MapType) and isinstance(t.keyType, StringType), "a map with string keys")
+    props = types.get("properties")
+    if props is not None:
+        if not isinstance(props, StructType):
+            raise ConfigurationError(f"column 'properties' must be a struct; it is {props.simpleString()}")
+        bad = [f.name for f in props.fields if f.name not in PROPERTY_NAMES]
+        if bad:
+            raise ConfigurationError(
+                f"column 'properties' has unknown field(s) {', '.join(bad)}; "
+                f"valid fields: {', '.join(PROPERTY_NAMES)}"
+            )
+        _check_property_types(props)
+    if opts.is_super_stream and "routing_key" not in names:
+        raise ConfigurationError(
+            f"writing to super stream '{opts.superstream}' needs a 'routing_key' column (string)"
+        )
+    return [n for n in names if n in SINK_COLUMNS]
+
+
+def _check_property_types(props: StructType) -> None:
+    for f in props.fields:
+        t: DataType = f.dataType
+        if f.name in ("absolute_expiry_time", "creation_time"):
+            ok = isinstance(t, _TS)
+        elif f.name == "user_id":
+            ok = isinstance(t, BinaryType | StringType)
+        elif f.name == "group_sequence":
+            ok = t.typeName() in ("long", "integer", "short", "byte")
+        else:
+            ok = isinstance(t, StringType)
+        if not ok:
+            raise ConfigurationError(f"column 'properties.{f.name}' has unsupported type {t.simpleString()}")
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    """What one task wrote: messages per partition stream and the producer name used."""
+
+    partition_id: int
+    attempt: int
+    messages: dict[str, int] = field(default_factory=dict)
+    producer_name: str | None = None
+
+
+def _task_identity() -> tuple[int, int, int | None]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, 0, None
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    return ctx.partitionId(), ctx.attemptNumber(), int(batch) if batch is not None else None
+
+
+def _settings(opts: SinkOptions, name: str | None) -> WriteSettings:
+    return WriteSettings(
+        producer_name=name,
+        confirm_timeout_ms=opts.publisher_confirm_timeout_ms,
+        max_in_flight=opts.max_in_flight,
+        enqueue_timeout_ms=opts.enqueue_timeout_ms,
+        batch_size=opts.batch_size,
+        compression=opts.compression,
+        sub_entry_size=opts.sub_entry_size,
+        routing_strategy=opts.routing_strategy,
+        partitioner_class=opts.partitioner_class,
+        resume_sequence=False,
+    )
+
+
+def _filter_value(path: str | None, row: dict[str, Any]) -> str | None:
+    if path is None:
+        return None
+    if path == "routing_key":
+        v = row.get("routing_key")
+    else:
+        head, _, key = path.partition(".")
+        section = row.get(head)
+        if head == "properties":
+            v = section.get(key) if isinstance(section, dict) else None
+        else:
+            v = dict(section).get(key) if section else None
+    return None if v is None else str(codec.to_text(v))
+
+
+class _Encoder:
+    """One Arrow batch -> (messages, routing keys, filter values); row positions for errors.
+
+    A `routing_key` column is also stored as the application property `routing_key`, which is
+    where the source's `routing_key` column reads it from.
+    """
+
+    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        self.opts = opts
+        self.columns = [c for c in columns if c in SINK_COLUMNS]
+        self.body_only = set(self.columns) <= {"value", "stream"} and not opts.filter_value_path
+        self.rows_seen = 0
+
+    def encode(
+        self, batch: pa.RecordBatch
+    ) -> tuple[list[bytes], list[str | None] | None, list[str | None] | None]:
+        names = batch.schema.names
+        values = batch.column(names.index("value")).to_pylist()
+        base = self.rows_seen
+        self.rows_seen += len(values)
+        self._check_stream(batch, names, base)
+        keys = batch.column(names.index("routing_key")).to_pylist() if "routing_key" in names else None
+        if self.body_only:
+            msgs = []
+            for i, v in enumerate(values):
+                if v is None:
+                    raise DataError(
+                        f"row {base + i} of this task has a null 'value'; every message needs a body"
+                    )
+                msgs.append(codec.encode_body(v.encode("utf-8") if isinstance(v, str) else v))
+            return msgs, keys, None
+        rows = batch.to_pylist()
+        msgs = []
+        filters: list[str | None] | None = [] if self.opts.filter_value_path else None
+        for i, row in enumerate(rows):
+            v = row.get("value")
+            if v is None:
+                raise DataError(f"row {base + i} of this task has a null 'value'; every message needs a body")
+            props = dict(row.get("properties") or {})
+            if row.get("creation_time") is not None:
+                props["creation_time"] = row["creation_time"]
+            app = dict(row.get("application_properties") or {})
+            if row.get("routing_key") is not None:
+                app.setdefault("routing_key", row["routing_key"])
+            msgs.append(
+                codec.encode(
+                    v.encode("utf-8") if isinstance(v, str) else v,
+                    props or None,
+                    app or None,
+                    dict(row.get("message_annotations") or {}) or None,
+                )
+            )
+            if filters is not None:
+                filters.append(_filter_value(self.opts.filter_value_path, row))
+        return msgs, keys, filters
+
+    def _check_stream(self, batch: pa.RecordBatch, names: list[str], base: int) -> None:
+        if self.opts.is_super_stream or "stream" not in names:
+            return
+        for i, s in enumerate(batch.column(names.index("stream")).to_pylist()):
+            if s != self.opts.stream:
+                raise DataError(
+                    f"row {base + i} of this task names stream {s!r} but this write goes to stream "
+                    f"'{self.opts.stream}' (option 'stream'); to write to several streams use a super stream"
+                )
+
+
+def write_task(opts: SinkOptions, columns: list[str], batches: Iterator[pa.RecordBatch]) -> WriteResult:
+    """Executor side: publish every row of this task and wait for every confirm."""
+    partition, attempt, epoch = _task_identity()
+    name = None
+    if opts.producer_name:
+        name = f"{opts.producer_name}-p{partition}-t{attempt}" + (f"-e{epoch}" if epoch is not None else "")
+    encoder = _Encoder(opts, columns)
+    producer = StreamProducer(
+        opts.connection, opts.name, superstream=opts.is_super_stream, settings=_settings(opts, name)
+    )
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            msgs, keys, filters = encoder.encode(batch)
+            if opts.is_super_stream and keys is not None:
+                for i, k in enumerate(keys):
+                    if k is None:
+                        raise DataError(
+                            f"row {encoder.rows_seen - len(keys) + i} of this task has a null 'routing_key'; "
+                            f"writing to super stream '{opts.superstream}' routes every row by its key"
+                        )
+            producer.send(msgs, keys if opts.is_super_stream else None, filters)
+        producer.flush()
+        counts = producer.message_counts()
+    finally:
+        producer.close()
+    return WriteResult(partition, attempt, counts, name)
+
+
+class RabbitMQStreamsWriter(DataSourceArrowWriter):
+    """`df.write.format("rabbitmq_streams")`."""
+
+    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        self.opts = opts
+        self.columns = columns
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        return write_task(self.opts, self.columns, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(sum(m.messages.values()) for m in messages if isinstance(m, WriteResult))
+        log.info("rabbitmq_streams write to '%s' committed: %d message(s)", self.opts.name, total)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = sum(sum(m.messages.values()) for m in messages if isinstance(m, WriteResult))
+        log.warning(
+            "rabbitmq_streams write to '%s' aborted; %d message(s) from finished tasks are in the stream "
+            "(a stream cannot take messages back)",
+            self.opts.name,
+            done,
+        )
+
+
+class RabbitMQStreamsStreamWriter(DataSourceStreamArrowWriter):
+    """`df.writeStream.format("rabbitmq_streams")`: commit is idempotent per epoch (batch id)."""
+
+    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        self.opts = opts
+        self.columns = columns
+        self._committed: set[int] = set()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        return write_task(self.opts, self.columns, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if batchId in self._committed:
+            return
+        self._committed.add(batchId)
+        total = sum(sum(m.messages.values()) for m in messages if isinstance(m, WriteResult))
+        log.info("rabbitmq_streams epoch %d to '%s' committed: %d message(s)", batchId, self.opts.name, total)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("rabbitmq_streams epoch %d to '%s' aborted", batchId, self.opts.name)

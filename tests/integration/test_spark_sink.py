@@ -1,0 +1,216 @@
+"""Writes through df.write / df.writeStream.format("rabbitmq_streams") against the real broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_rmqs.broker.writer import hash_partition
+from pyspark_rmqs.schema import METADATA_FIELDS
+from tests.support.broker import BrokerSettings
+from tests.support.data import client, spark_options
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+UTC = dt.UTC
+
+
+def write(df: DataFrame, b: BrokerSettings, **opts: str) -> None:
+    df.write.format("rabbitmq_streams").options(**spark_options(b, **opts)).mode("append").save()
+
+
+def read_back(spark: SparkSession, b: BrokerSettings, **opts: str) -> DataFrame:
+    return spark.read.format("rabbitmq_streams").options(**spark_options(b, **opts)).load()
+
+
+def test_round_trip_every_column(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    created = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    df = spark.createDataFrame(
+        [
+            (
+                b"\x00\x01binary",
+                "key-1",
+                {
+                    "message_id": "m-1",
+                    "correlation_id": "c-1",
+                    "subject": "orders",
+                    "content_type": "application/json",
+                    "group_id": "g",
+                    "group_sequence": 7,
+                    "user_id": b"u1",
+                },
+                {"region": "eu", "n": "5"},
+                {"x-opt-source": "test"},
+                created,
+            ),
+            (b"second", None, None, None, None, None),
+        ],
+        "value binary, routing_key string, properties struct<message_id:string, correlation_id:string, "
+        "subject:string, content_type:string, group_id:string, group_sequence:bigint, user_id:binary>, "
+        "application_properties map<string,string>, message_annotations map<string,string>, creation_time timestamp",
+    ).coalesce(1)
+    write(df, broker, stream=s)
+    got = read_back(spark, broker, stream=s).orderBy("offset").collect()
+    assert [bytes(r.value) for r in got] == [b"\x00\x01binary", b"second"]
+    first = got[0]
+    p = first.properties.asDict()
+    assert (p["message_id"], p["correlation_id"], p["subject"], p["content_type"], p["group_id"]) == (
+        "m-1",
+        "c-1",
+        "orders",
+        "application/json",
+        "g",
+    )
+    assert p["group_sequence"] == 7 and bytes(p["user_id"]) == b"u1"
+    assert p["creation_time"].replace(tzinfo=None) == first.creation_time.replace(tzinfo=None)
+    assert first.creation_time.astimezone(UTC) == created if first.creation_time.tzinfo else True
+    assert dict(first.application_properties) == {"region": "eu", "n": "5", "routing_key": "key-1"}
+    assert first.routing_key == "key-1"
+    assert dict(first.message_annotations) == {"x-opt-source": "test"}
+    second = got[1]
+    assert second.properties is None and second.application_properties is None and second.routing_key is None
+
+
+def test_string_values_are_utf8(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    write(spark.createDataFrame([("héllo",), ("wörld",)], "value string").coalesce(1), broker, stream=s)
+    got = [bytes(r.value) for r in read_back(spark, broker, stream=s).orderBy("offset").collect()]
+    assert got == ["héllo".encode(), "wörld".encode()]
+
+
+def test_super_stream_hash_routing(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    name, parts = streams.super_stream(3)
+    df = spark.range(0, 600, 1, 2).selectExpr("concat('k', id) as routing_key", "cast(id as string) as value")
+    write(df, broker, superstream=name)
+    got = read_back(spark, broker, superstream=name, metadataFields="").collect()
+    assert len(got) == 600
+    for r in got:
+        assert r.stream == parts[hash_partition(f"k{bytes(r.value).decode()}", 3)]
+
+
+def test_super_stream_key_routing_matches_the_broker(
+    spark: SparkSession, broker: BrokerSettings, streams
+) -> None:  # type: ignore[no-untyped-def]
+    name, parts = streams.super_stream(3)
+    df = spark.range(0, 90, 1, 2).selectExpr(
+        "cast(id % 3 as string) as routing_key", "cast(id as string) as value"
+    )
+    write(df, broker, superstream=name, routingStrategy="key")
+    c = client(broker)
+    got = read_back(spark, broker, superstream=name, metadataFields="routing_key").collect()
+    assert len(got) == 90
+    for r in got:
+        assert [r.stream] == c.route(r.routing_key, name)
+
+
+def test_rewrite_with_producer_name_adds_no_duplicates(
+    spark: SparkSession, broker: BrokerSettings, streams
+) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    df = spark.range(0, 1000, 1, 2).selectExpr("cast(id as string) as value")
+    write(df, broker, stream=s, producerName="loader")
+    write(df, broker, stream=s, producerName="loader")  # same job again: the broker drops every row
+    values = sorted(
+        int(bytes(r.value)) for r in read_back(spark, broker, stream=s, metadataFields="").collect()
+    )
+    assert values == list(range(1000))
+
+
+@pytest.mark.parametrize(
+    ("frame", "opts", "message"),
+    [
+        ("select cast(id as string) as value, 1 as extra", {}, "unknown column(s) 'extra'"),
+        ("select id as value", {}, "column 'value' must be binary or string"),
+        ("select cast(id as string) as value", {"superstream": "SS"}, "needs a 'routing_key' column"),
+        ("select cast(null as string) as value", {}, "has a null 'value'"),
+        ("select cast(id as string) as value, 'other' as stream", {}, "names stream 'other'"),
+    ],
+)
+def test_bad_input_fails_clearly(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    frame: str,  # type: ignore[no-untyped-def]
+    opts: dict[str, str],
+    message: str,
+) -> None:
+    s = streams.stream()
+    df = spark.sql(frame.replace("select", "select", 1) + " from range(3)")
+    if "superstream" in opts:
+        opts = {"superstream": streams.super_stream(2)[0]}
+    else:
+        opts = {"stream": s, **opts}
+    with pytest.raises(PySparkException, match=message.replace("(", r"\(").replace(")", r"\)")):
+        write(df, broker, **opts)
+    if "stream" in opts:
+        assert client(broker).tail(s) == 0, "nothing may be written by a rejected write"
+
+
+def test_ignore_unknown_columns(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    write(
+        spark.sql("select cast(id as string) as value, 1 as extra from range(5)"),
+        broker,
+        stream=s,
+        ignoreUnknownColumns="true",
+    )
+    assert read_back(spark, broker, stream=s).count() == 5
+
+
+def test_null_routing_key_fails(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    name, _ = streams.super_stream(2)
+    df = spark.sql("select cast(id as string) as value, cast(null as string) as routing_key from range(3)")
+    with pytest.raises(PySparkException, match="null 'routing_key'"):
+        write(df, broker, superstream=name)
+
+
+def test_overwrite_is_refused(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    df = spark.sql("select cast(id as string) as value from range(3)")
+    with pytest.raises(PySparkException, match="append only"):
+        df.write.format("rabbitmq_streams").options(**spark_options(broker, stream=s)).mode(
+            "overwrite"
+        ).save()
+
+
+def test_streaming_write_restarted_loses_nothing(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    s = streams.stream()
+    ckpt = tmp_path / "ckpt"
+
+    def run(seconds: float) -> None:
+        q = (
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", 200)
+            .option("numPartitions", 2)
+            .load()
+            .select(F.col("value").cast("string").alias("value"))
+            .writeStream.format("rabbitmq_streams")
+            .options(**spark_options(broker, stream=s, producerName="rate"))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
+        time.sleep(seconds)
+        q.stop()
+        assert q.exception() is None
+
+    run(6)
+    run(4)
+    values = sorted(
+        int(bytes(r.value)) for r in read_back(spark, broker, stream=s, metadataFields="").collect()
+    )
+    assert values, "the query wrote nothing"
+    assert values == list(range(len(values))), "gaps or duplicates in what the restarted query wrote"
+    assert METADATA_FIELDS  # the reader above used fixed columns only
