@@ -60,6 +60,7 @@ def spark() -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["TZ"] = "UTC"
     from pyspark.sql import SparkSession
 
     session = (
@@ -67,6 +68,7 @@ def spark() -> Iterator[object]:
         .appName("rmqs-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .getOrCreate()
