@@ -6,6 +6,7 @@ exact offsets and values. Streams come from the `streams` fixture and are delete
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from pyspark_rmqs.errors import (
     AuthenticationError,
     BrokerTimeoutError,
     ConfigurationError,
+    PublishError,
     StreamNotFoundError,
 )
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
@@ -509,3 +511,19 @@ def test_wrong_password_raises_authentication_error_without_the_secret(
     assert secret not in str(exc.value)
     assert secret not in repr(exc.value)
     assert broker.username in str(exc.value)
+
+
+def test_failed_confirms_fail_the_producer(conn: ConnectionOptions, streams) -> None:  # type: ignore[no-untyped-def]
+    """A stream deleted under a producer: negative confirms or the broker's metadata update fail it fast."""
+    s = streams.stream()
+    msgs = [codec.encode_body(b"x" * 100)] * 20_000
+    threading.Timer(0.3, lambda: BrokerClient(conn).delete_stream(s)).start()
+    started = time.monotonic()
+    with (
+        pytest.raises(PublishError, match=s),
+        StreamProducer(conn, s, superstream=False, settings=WriteSettings(max_in_flight=2000)) as p,
+    ):
+        for _ in range(500):
+            p.send(msgs)
+        p.flush()
+    assert time.monotonic() - started < 8

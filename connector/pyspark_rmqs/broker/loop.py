@@ -51,8 +51,10 @@ def run_sync(coro: Coroutine[Any, Any, R], timeout: float | None = None, what: s
     try:
         return fut.result(timeout)
     except concurrent.futures.TimeoutError as e:
+        if fut.done():  # the coroutine's own TimeoutError (a BrokerTimeoutError, say): keep it
+            raise
         fut.cancel()
-        raise BrokerTimeoutError(f"{what} did not finish within {timeout:.0f} s") from e
+        raise BrokerTimeoutError(f"{what} did not finish within {timeout} s") from e
 
 
 def _in_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:

@@ -105,11 +105,13 @@ class _Publisher:
         self.sent = 0
         self.confirmed = 0
         self.failures: list[tuple[int, int]] = []
+        self.gone: str | None = None
         self.changed = asyncio.Condition()
 
     async def start(self) -> None:
         self.client.confirm_sinks[self.id] = self._on_confirm
         self.client.add_handler(schema.PublishError, self._on_error, name=f"rmqs-pub-{self.id}")
+        self.client.add_handler(schema.MetadataUpdate, self._on_metadata, name=f"rmqs-pub-{self.id}")
         try:
             await self.client.declare_publisher(self.stream, self.name, self.id)
         except rx.StreamDoesNotExist as e:
@@ -131,11 +133,21 @@ class _Publisher:
         self.in_flight -= len(frame.errors)
         asyncio.get_running_loop().create_task(self._notify())
 
+    def _on_metadata(self, frame: schema.MetadataUpdate) -> None:
+        """The broker says the stream went away (deleted, or its leader moved): nothing more confirms."""
+        if frame.metadata_info.stream == self.stream:
+            self.gone = (
+                f"the broker reported stream '{self.stream}' unavailable (code {frame.metadata_info.code})"
+            )
+            asyncio.get_running_loop().create_task(self._notify())
+
     async def _notify(self) -> None:
         async with self.changed:
             self.changed.notify_all()
 
     def raise_failures(self) -> None:
+        if self.gone and not self.failures:
+            raise PublishError(f"{self.gone} with {self.in_flight} message(s) unconfirmed")
         if self.failures:
             pid, code = self.failures[0]
             reason = RESPONSE_CODES.get(code, f"response code {code}")
@@ -155,6 +167,7 @@ class _Publisher:
                         lambda: (
                             self.in_flight + room <= max_in_flight
                             or bool(self.failures)
+                            or self.gone is not None
                             or not self.client.is_connection_alive()
                         )
                     ),
@@ -171,7 +184,11 @@ class _Publisher:
             async with self.changed:
                 await asyncio.wait_for(
                     self.changed.wait_for(
-                        lambda: self.in_flight <= 0 or not self.client.is_connection_alive()
+                        lambda: (
+                            self.in_flight <= 0
+                            or self.gone is not None
+                            or not self.client.is_connection_alive()
+                        )
                     ),
                     timeout_s,
                 )
@@ -180,6 +197,7 @@ class _Publisher:
                 f"{self.in_flight} of {self.sent} messages to '{self.stream}' were not confirmed within "
                 f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}"
             ) from e
+        self.raise_failures()
         if self.in_flight > 0:
             raise PublishError(
                 f"connection lost with {self.in_flight} messages to '{self.stream}' unconfirmed"
@@ -249,6 +267,7 @@ class _Publisher:
     async def close(self) -> None:
         self.client.confirm_sinks.pop(self.id, None)
         self.client.remove_handler(schema.PublishError, f"rmqs-pub-{self.id}")
+        self.client.remove_handler(schema.MetadataUpdate, f"rmqs-pub-{self.id}")
         if self.client.is_connection_alive():
             try:
                 await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
