@@ -384,6 +384,29 @@ class ConnectionOptions(_Frozen):
             return [_uri_address(uri) for uri in self.uris]
         return list(self.endpoints)
 
+    def to_options(self) -> dict[str, str]:
+        """Back to Spark options (secrets included): what a job hands `spark.read.options(...)`.
+
+        The result holds the password: pass it to Spark, never log or return it.
+        """
+        out: dict[str, str] = {}
+        for field, option in CONNECTION_OPTIONS.items():
+            value = getattr(self, field)
+            if value is None or value == [] or (field == "tls_trust_all" and not value):
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if field == "endpoints":
+                value = ",".join(f"{h}:{p}" for h, p in value)
+            elif field == "uris":
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            out[option] = str(value)
+        if self.uris:
+            out.pop("endpoints", None)
+        return out
+
     def cache_key(self) -> tuple[Any, ...]:
         """A hashable identity of this configuration, secrets included, for a connection pool.
 

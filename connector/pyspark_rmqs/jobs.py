@@ -1,0 +1,361 @@
+"""Bounded reads and AvailableNow drains under the watermark protocol (DESIGN §4).
+
+Shared by the Airflow operators and the Dagster assets, so both behave alike:
+
+1. `plan_read` fixes the range per partition stream before anything is read: start from the
+   watermark (the consumer's stored offset + 1), an offset, a timestamp or earliest/latest; end at
+   the tails as they are now (or offsets / a timestamp); `max_messages` caps it proportionally.
+2. `run_read` reads exactly that range with Spark, hands the DataFrame to the sink, and only after
+   the sink returned stores the new watermarks (`end - 1`). Any failure before that leaves the
+   watermark alone, so a retry reads the same range again: at-least-once, same rows.
+3. `run_drain` does the same with a Structured Streaming query and `Trigger.AvailableNow`.
+
+pyspark is imported only inside the Spark-running functions: planning is metadata only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pyspark_rmqs import offsets as off
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.codec import to_millis
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.options import ConnectionOptions
+from pyspark_rmqs.planning import report_data_loss
+from pyspark_rmqs.watermarks import Watermarks, store_watermarks, watermarks, watermarks_after
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+Position = str | int | datetime | Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What one run reads: `[start, end)` per partition stream, fixed before reading."""
+
+    target: str
+    superstream: bool
+    consumer: str | None
+    start: dict[str, int]
+    end: dict[str, int]
+
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        return {s: (self.start[s], self.end[s]) for s in self.start if self.end[s] > self.start[s]}
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.ranges
+
+    @property
+    def offsets_span(self) -> int:
+        """Offsets covered (an upper bound on rows: offset-tracking entries take offsets too)."""
+        return sum(e - s for s, e in self.ranges.values())
+
+
+@dataclass
+class RunSummary:
+    """What a run did; JSON-friendly (XCom, Dagster metadata). No connection details, no secrets."""
+
+    target: str
+    start_offsets: dict[str, int]
+    end_offsets: dict[str, int]
+    rows: int | None = None
+    bytes: int | None = None
+    seconds: float = 0.0
+    lag_after: int | None = None
+    watermark_stored: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+
+def _resolve(
+    client: BrokerClient, w: Watermarks, pos: Position, *, is_end: bool, fallback: str = "earliest"
+) -> dict[str, int]:
+    """A position per partition stream. Strings: watermark, earliest, latest, or JSON offsets."""
+    out: dict[str, int] = {}
+    if isinstance(pos, str) and pos.strip().startswith("{"):
+        pos = off.offsets_from_json(pos, "end" if is_end else "start")
+    for p in w.partitions:
+        if isinstance(pos, Mapping):
+            v = pos.get(p.stream)
+            if v is None:  # not named: a start reads the partition from its first offset, an end to its tail
+                out[p.stream] = p.tail if is_end else p.first
+            elif v == off.LATEST:
+                out[p.stream] = p.tail
+            elif v == off.EARLIEST:
+                out[p.stream] = p.first
+            else:
+                out[p.stream] = int(v)
+        elif isinstance(pos, datetime) or (isinstance(pos, int) and not isinstance(pos, bool)):
+            ms = to_millis(pos)
+            out[p.stream] = client.offset_for_timestamp(p.stream, ms)
+        elif pos == "latest":
+            out[p.stream] = p.tail
+        elif pos == "earliest":
+            out[p.stream] = p.first
+        elif pos == "watermark" and not is_end:
+            if not w.consumer:
+                raise ConfigurationError(
+                    "start='watermark' needs a consumer_name (whose stored offset is the watermark)"
+                )
+            if p.stored is not None:
+                out[p.stream] = p.stored + 1
+            else:
+                out[p.stream] = p.tail if fallback == "latest" else p.first
+        else:
+            valid = (
+                "'latest', offsets JSON/dict or a timestamp"
+                if is_end
+                else ("'watermark', 'earliest', 'latest', offsets JSON/dict or a timestamp")
+            )
+            raise ConfigurationError(f"{'end' if is_end else 'start'} must be {valid}; got {pos!r}")
+    return out
+
+
+def plan_read(
+    conn: ConnectionOptions,
+    *,
+    stream: str | None = None,
+    superstream: str | None = None,
+    consumer: str | None = None,
+    start: Position = "watermark",
+    end: Position = "latest",
+    max_messages: int | None = None,
+    starting_offsets: str = "earliest",
+    fail_on_data_loss: bool = True,
+) -> ReadPlan:
+    """Fix `[start, end)` per partition stream now (tails as of this call), metadata only."""
+    if starting_offsets not in ("earliest", "latest"):
+        raise ConfigurationError(f"starting_offsets must be 'earliest' or 'latest'; got {starting_offsets!r}")
+    if max_messages is not None and max_messages < 1:
+        raise ConfigurationError(f"max_messages must be at least 1; got {max_messages}")
+    w = watermarks(conn, consumer or "", stream=stream, superstream=superstream)
+    client = BrokerClient(conn)
+    starts = _resolve(client, w, start, is_end=False, fallback=starting_offsets)
+    ends = _resolve(client, w, end, is_end=True)
+    for p in w.partitions:
+        s = p.stream
+        if starts[s] < p.first:
+            report_data_loss(
+                fail_on_data_loss,
+                f"offsets [{starts[s]}, {p.first}) of stream '{s}' were removed by retention before this run",
+            )
+            starts[s] = p.first
+        ends[s] = max(starts[s], min(ends[s], p.tail))
+    if max_messages is not None:
+        ends = off.apply_limit(starts, ends, max_messages)
+    return ReadPlan(w.target, w.superstream, consumer, starts, ends)
+
+
+# --------------------------------------------------------------------------------------- Spark
+
+
+def spark_session(
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
+    app: str = "rmqs",
+) -> SparkSession:
+    """A local SparkSession (PYSPARK_PYTHON = this interpreter), or Spark Connect with `remote`."""
+    import os
+
+    from pyspark.sql import SparkSession
+
+    if remote:
+        builder = SparkSession.builder.remote(remote).appName(app)
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (
+            SparkSession.builder.master(master or "local[2]")
+            .appName(app)
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+        )
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def read_options(conn: ConnectionOptions, plan: ReadPlan, **extra: str) -> dict[str, str]:
+    """Spark source options reading exactly `plan` (secrets included: hand them to Spark only)."""
+    opts = conn.to_options()
+    opts["superstream" if plan.superstream else "stream"] = plan.target
+    opts["startingOffsets"] = off.offsets_to_json(plan.start)
+    opts["endingOffsets"] = off.offsets_to_json(plan.end)
+    opts.update(extra)
+    return opts
+
+
+def read_dataframe(spark: SparkSession, conn: ConnectionOptions, plan: ReadPlan, **extra: str) -> DataFrame:
+    return spark.read.format("rabbitmq_streams").options(**read_options(conn, plan, **extra)).load()
+
+
+def write_output(
+    path: str,
+    fmt: str = "parquet",
+    mode: str = "append",
+    options: Mapping[str, str] | None = None,
+    partition_by: list[str] | None = None,
+) -> Callable[[DataFrame], None]:
+    """A sink writing the DataFrame to files (`df.write.format(fmt).mode(mode).save(path)`)."""
+
+    def sink(df: DataFrame) -> None:
+        w = df.write.format(fmt).mode(mode).options(**dict(options or {}))
+        if partition_by:
+            w = w.partitionBy(*partition_by)
+        w.save(path)
+
+    return sink
+
+
+def _observe(df: DataFrame) -> tuple[DataFrame, Any]:
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    obs = Observation("rmqs_run")
+    observed = df.observe(
+        obs, F.count(F.lit(1)).alias("rows"), F.coalesce(F.sum(F.length("value")), F.lit(0)).alias("bytes")
+    )
+    return observed, obs
+
+
+def _observed(obs: Any) -> dict[str, int] | None:
+    """The observed row and byte counts, when the sink ran an action on the DataFrame."""
+    jo = getattr(obs, "_jo", None)
+    try:
+        if jo is not None and not jo.future().isCompleted():
+            return None
+        return {k: int(v) for k, v in obs.get.items()}
+    except Exception:  # Spark Connect or no action: counts unknown, not an error
+        return None
+
+
+def run_read(
+    spark: SparkSession,
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    sink: Callable[[DataFrame], Any],
+    *,
+    store_watermark: bool = True,
+    metadata_fields: str | None = None,
+) -> RunSummary:
+    """Read `plan` into `sink`; then, and only then, store the watermarks of `plan.consumer`."""
+    t0 = time.monotonic()
+    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0)
+    if not plan.is_empty:
+        extra = {} if metadata_fields is None else {"metadataFields": metadata_fields}
+        df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+        sink(df)
+        counts = _observed(obs)
+        summary.rows = counts["rows"] if counts else None
+        summary.bytes = counts["bytes"] if counts else None
+    if store_watermark and plan.consumer and not plan.is_empty:
+        store_watermarks(conn, plan.consumer, watermarks_after(plan.ranges))
+        summary.watermark_stored = True
+    if plan.consumer:
+        w = watermarks(conn, plan.consumer, **_target_kw(plan))
+        summary.lag_after = w.total_lag
+    summary.seconds = round(time.monotonic() - t0, 3)
+    log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict()))
+    return summary
+
+
+def _target_kw(plan: ReadPlan) -> dict[str, str]:
+    return {"superstream": plan.target} if plan.superstream else {"stream": plan.target}
+
+
+def run_drain(
+    spark: SparkSession,
+    conn: ConnectionOptions,
+    *,
+    stream: str | None = None,
+    superstream: str | None = None,
+    consumer: str,
+    checkpoint: str,
+    output_path: str,
+    output_format: str = "parquet",
+    output_options: Mapping[str, str] | None = None,
+    source_options: Mapping[str, str] | None = None,
+    timeout_s: float = 3600.0,
+) -> RunSummary:
+    """An AvailableNow Structured Streaming drain into files; the checkpoint is the source of truth.
+
+    The source stores `end - 1` in the broker as each micro-batch commits; Spark commits a batch
+    to its source only when it plans the next, so the last batch's watermark is stored here once
+    the query finished.
+    """
+    if not consumer:
+        raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
+    t0 = time.monotonic()
+    opts = conn.to_options()
+    opts["superstream" if superstream else "stream"] = str(superstream or stream)
+    opts.update({"consumerName": consumer, "serverSideOffsetTracking": "true", **dict(source_options or {})})
+    before = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    q = (
+        spark.readStream.format("rabbitmq_streams")
+        .options(**opts)
+        .load()
+        .writeStream.format(output_format)
+        .options(**dict(output_options or {}))
+        .option("path", output_path)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not q.awaitTermination(int(timeout_s)):
+        q.stop()
+        raise TimeoutError(
+            f"the AvailableNow drain of '{superstream or stream}' did not finish in {timeout_s:.0f} s"
+        )
+    if q.exception() is not None:
+        raise RuntimeError(f"the drain query failed: {q.exception()}")
+    progress = [p for p in q.recentProgress if p.get("sources")]
+    rows = sum(int(p.get("numInputRows") or 0) for p in progress)
+    start = {p.stream: p.next_offset for p in before.partitions}
+    end = dict(start)
+    if progress:
+        end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
+        start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
+    last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
+    if last:
+        store_watermarks(conn, consumer, last)
+    after = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    return RunSummary(
+        str(superstream or stream),
+        start,
+        end,
+        rows=rows,
+        bytes=None,
+        seconds=round(time.monotonic() - t0, 3),
+        lag_after=after.total_lag,
+        watermark_stored=bool(last),
+        extra={"batches": len(progress)},
+    )
+
+
+def _offsets(v: Any) -> dict[str, int]:
+    if v is None:
+        return {}
+    if isinstance(v, str):
+        v = json.loads(v)
+    if not isinstance(v, Mapping):  # the first batch of a new query starts at "null"
+        return {}
+    return {str(k): int(x) for k, x in v.items()}
