@@ -75,6 +75,9 @@ async def connect(conn: Any, name: str = "rmqs") -> RmqsClient:
         except ssl.SSLError as e:
             await _close_quietly(client)
             errors.append(f"{host}:{port} (TLS: {e.reason or e})")
+        except ConnectionRefusedError:
+            await _close_quietly(client)
+            errors.append(f"{host}:{port} (connection refused)")
         except (OSError, ConnectionError, TimeoutError, rx.ServerError) as e:
             await _close_quietly(client)
             errors.append(f"{host}:{port} ({type(e).__name__}: {e})" if str(e) else f"{host}:{port}")
