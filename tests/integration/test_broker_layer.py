@@ -527,3 +527,27 @@ def test_failed_confirms_fail_the_producer(conn: ConnectionOptions, streams) -> 
             p.send(msgs)
         p.flush()
     assert time.monotonic() - started < 8
+
+
+class LoopbackResolver:
+    """Test resolver: every address goes to the local broker's stream port."""
+
+    def resolve(self, host: str, port: int) -> tuple[str, int]:
+        return ("127.0.0.1", 5552 if host == "broker.invalid" else port)
+
+
+def test_address_resolver_class(broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    conn = parse_connection_options(
+        {
+            **broker.spark_options,
+            "endpoints": "broker.invalid:1234",
+            "addressResolverClass": f"{__name__}.LoopbackResolver",
+        }
+    )
+    if broker.external:
+        pytest.skip("the resolver maps to the local broker")
+    assert BrokerClient(conn).tail(s) == 0
+    bad = parse_connection_options({**broker.spark_options, "addressResolverClass": "no.such.Resolver"})
+    with pytest.raises(ConfigurationError, match="addressResolverClass"):
+        BrokerClient(bad).tail(s)

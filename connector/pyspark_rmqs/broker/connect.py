@@ -56,7 +56,7 @@ async def connect(conn: Any, name: str = "rmqs") -> RmqsClient:
     ctx = ssl_context(conn)
     username = conn.username
     password = _secret(conn, "password") or ""
-    for host, port in conn.addresses():
+    for host, port in _addresses(conn):
         client = RmqsClient(host, port, ssl_context=ctx, connection_name=name)
         try:
             await client.start()
@@ -84,6 +84,18 @@ async def connect(conn: Any, name: str = "rmqs") -> RmqsClient:
     if not errors:
         raise ConfigurationError("no broker address: set the 'endpoints' or 'uris' option")
     raise BrokerUnavailableError("could not connect to RabbitMQ Streams at " + ", ".join(errors))
+
+
+def _addresses(conn: Any) -> list[tuple[str, int]]:
+    """Configured addresses, mapped through `addressResolverClass` (load balancers, NAT) when set."""
+    addresses = list(conn.addresses())
+    path = getattr(conn, "address_resolver_class", None)
+    if not path:
+        return addresses
+    from pyspark_rmqs.extensions import AddressResolver, load
+
+    resolver: AddressResolver = load(path, "addressResolverClass", AddressResolver)
+    return [resolver.resolve(h, p) for h, p in addresses]
 
 
 async def _close_quietly(client: RmqsClient) -> None:
