@@ -49,5 +49,8 @@ demo: setup broker-up
 	@echo "make demo is delivered with the rmqs CLI (see README); run 'make test' meanwhile." >&2
 	@exit 1
 
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
