@@ -160,3 +160,35 @@ def test_super_stream_streaming_read(
     got = output(spark, tmp_path / "out")
     for p in parts:
         assert [(o, v) for s, o, v in got if s == p] == [(i, f"{p}:{i}".encode()) for i in range(120)]
+
+
+def test_deleted_partition_is_data_loss(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    name, parts = streams.super_stream(3)
+    for p in parts:
+        publish(broker, p, [p.encode()] * 20)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    drain(spark, broker, out, ckpt, superstream=name)
+    assert len(output(spark, out)) == 60
+    client(broker).delete_stream(parts[1])
+    publish(broker, parts[0], [b"more"] * 5)
+    q = (
+        spark.readStream.format("rabbitmq_streams")
+        .options(**spark_options(broker, superstream=name, metadataFields=""))
+        .load()
+        .select("stream", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="no longer exists"):
+        q.awaitTermination(180)
+    drain(spark, broker, out, ckpt, superstream=name, failOnDataLoss="false")
+    got = output(spark, out)
+    assert len(got) == 65 and sum(1 for s, _, v in got if v == b"more") == 5

@@ -140,7 +140,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return {s: min(t, self._snapshot[s]) for s, t in tails.items() if s in self._snapshot}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        start = self._with_new_partitions(start)
+        start = self._without_lost_partitions(self._with_new_partitions(start))
         targets = self._targets()
         starts = {s: start[s] for s in targets if s in start}
         ends = {s: max(starts[s], targets[s]) for s in starts}
@@ -178,6 +178,17 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
                 log.info("new partition stream '%s': reading it from offset %d", s, first)
                 out[s] = first
         return out
+
+    def _without_lost_partitions(self, start: dict[str, int]) -> dict[str, int]:
+        """Partition streams in the checkpoint that no longer exist: data loss (fail, or drop them)."""
+        firsts, _ = self.meta.refresh()
+        gone = sorted(s for s in start if s not in firsts)
+        for s in gone:
+            report_data_loss(
+                self.opts.fail_on_data_loss,
+                f"partition stream '{s}' of '{self.opts.name}' no longer exists (was at offset {start[s]})",
+            )
+        return {s: v for s, v in start.items() if s in firsts}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         _, tails = self.meta.refresh()
