@@ -212,3 +212,38 @@ def test_streaming_write_restarted_loses_nothing(
     assert values, "the query wrote nothing"
     assert values == list(range(len(values))), "gaps or duplicates in what the restarted query wrote"
     assert METADATA_FIELDS  # the reader above used fixed columns only
+
+
+class EuOnly:
+    """A post-filter (filterPostFilterClass) keeping messages whose region is eu."""
+
+    def matches(self, message) -> bool:  # type: ignore[no-untyped-def]
+        return message.application_properties.get("region") == "eu"
+
+
+def test_filter_values_round_trip(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    for region, n in (("eu", 300), ("us", 200), ("eu", 100)):
+        df = (
+            spark.range(n)
+            .selectExpr("cast(id as string) as value", f"map('region', '{region}') as application_properties")
+            .coalesce(1)
+        )
+        write(df, broker, stream=s, filterValuePath="application_properties.region")
+    base = {"stream": s, "filterValues": "eu", "metadataFields": "application_properties"}
+    loose = read_back(spark, broker, **base).collect()
+    assert sum(1 for r in loose if r.application_properties["region"] == "eu") == 400  # every eu message
+    exact = read_back(spark, broker, **base, filterPostFilterClass=f"{__name__}.EuOnly").collect()
+    assert len(exact) == 400 and {r.application_properties["region"] for r in exact} == {"eu"}
+    assert len(loose) < 600, "the broker skipped the chunks without eu"
+
+
+def test_compressed_sub_entries_round_trip(spark: SparkSession, broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    df = spark.range(0, 500, 1, 1).selectExpr("cast(id as string) as value")
+    write(df, broker, stream=s, compression="zstd", subEntrySize="20")
+    got = read_back(spark, broker, stream=s, metadataFields="").orderBy("offset").collect()
+    assert [int(bytes(r.value)) for r in got] == list(range(500))
+    assert [r.offset for r in got] == list(range(500))
+    with pytest.raises(PySparkException, match="cannot be combined"):
+        write(df, broker, stream=s, subEntrySize="20", filterValuePath="routing_key")

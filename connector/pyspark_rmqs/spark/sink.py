@@ -81,6 +81,11 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> list[str]:
                 f"valid fields: {', '.join(PROPERTY_NAMES)}"
             )
         _check_property_types(props)
+    if opts.filter_value_path and opts.sub_entry_size > 1:
+        raise ConfigurationError(
+            "option 'filterValuePath' cannot be combined with subEntrySize > 1: a sub-entry batch carries no "
+            "per-message filter values; use subEntrySize=1 for filtered streams"
+        )
     if opts.is_super_stream and "routing_key" not in names:
         raise ConfigurationError(
             f"writing to super stream '{opts.superstream}' needs a 'routing_key' column (string)"
