@@ -46,11 +46,16 @@ lint: setup
 	$(VENV)/bin/mypy
 
 demo: setup broker-up
-	@echo "make demo is delivered with the rmqs CLI (see README); run 'make test' meanwhile." >&2
-	@exit 1
+	$(PY) -m pyspark_rmqs.demo
 
 docs: setup
 	$(VENV)/bin/mkdocs build --strict
+
+bench: setup broker-up
+	$(PY) -m bench.reader
+	$(PY) -m bench.writer
+	$(PY) -m bench.spark_read
+	$(PY) -m bench.spark_write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

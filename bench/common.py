@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +38,40 @@ def temp_stream(conn: ConnectionOptions, prefix: str = "bench") -> Iterator[str]
         yield name
     finally:
         client.delete_stream(name)
+
+
+@contextmanager
+def temp_super_stream(
+    conn: ConnectionOptions, partitions: int, prefix: str = "bench"
+) -> Iterator[tuple[str, list[str]]]:
+    """A fresh super stream; yields its name and its partition streams (`name-0` .. `name-(N-1)`)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client = BrokerClient(conn)
+    client.create_super_stream(name, partitions)
+    try:
+        yield name, [f"{name}-{i}" for i in range(partitions)]
+    finally:
+        client.delete_super_stream(name)
+
+
+def spark_session(app: str) -> Any:
+    """A local[2] SparkSession with this interpreter as the worker Python; no UI, WARN logging."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    return session
 
 
 def fill(conn: ConnectionOptions, stream: str, count: int, size: int = 100, batch: int = 10_000) -> None:

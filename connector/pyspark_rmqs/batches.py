@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark_rmqs import codec
 from pyspark_rmqs.errors import DataError
@@ -95,6 +96,14 @@ class BatchBuilder:
         apps: list[dict[Any, Any] | None] = []
         anns: list[dict[Any, Any] | None] = []
         for i, m in enumerate(self.records):
+            n = len(m)
+            # Fast path: a message that is one small data section has no metadata to decode.
+            if n > 4 and m[0] == 0x00 and m[1] == 0x53 and m[2] == 0x75 and m[3] == 0xA0 and m[4] + 5 == n:
+                values.append(bytes(m[5:]))
+                props.append(None)
+                apps.append(None)
+                anns.append(None)
+                continue
             try:
                 d = codec.decode(m)
             except (ValueError, IndexError, UnicodeDecodeError) as e:
@@ -113,12 +122,14 @@ class BatchBuilder:
             apps.append(d.application_properties)
             anns.append(d.message_annotations)
         out: dict[str, pa.Array] = {"value": pa.array(values, pa.binary())}
-        if "properties" in want or "creation_time" in want:
-            struct = _properties_array(props)
-            if "properties" in want:
-                out["properties"] = struct
-            if "creation_time" in want:
-                out["creation_time"] = struct.field("creation_time")
+        if "properties" in want:
+            out["properties"] = _properties_array(props)
+        if "creation_time" in want:
+            at = _NAMES.index("creation_time")
+            out["creation_time"] = pa.array(
+                [_property("creation_time", p[at]) if p is not None and len(p) > at else None for p in props],
+                TS,
+            )
         if "application_properties" in want:
             out["application_properties"] = _map_array(apps)
         if "message_annotations" in want:
@@ -141,29 +152,46 @@ def _get(d: dict[Any, Any], key: str) -> Any:
     return d.get(key)
 
 
+def _property(name: str, v: Any) -> Any:
+    if v is None:
+        return None
+    if name in _TS_PROPS:
+        return int(v) * 1000
+    if name == "user_id":
+        return v if isinstance(v, bytes) else str(v).encode()
+    if name == "group_sequence":
+        return int(v)
+    return codec.to_text(v)
+
+
+_NAMES = [name for name, _t, _d in PROPERTIES_FIELDS]
+
+
 def _properties_array(props: list[list[Any] | None]) -> pa.StructArray:
-    cols: list[list[Any]] = [[] for _ in PROPERTIES_FIELDS]
-    mask = []
-    for p in props:
-        mask.append(p is None)
-        p = p or []
-        for j, (name, _t, _d) in enumerate(PROPERTIES_FIELDS):
-            v = p[j] if j < len(p) else None
-            if v is not None:
-                if name in _TS_PROPS:
-                    v = int(v) * 1000
-                elif name == "user_id":
-                    v = v if isinstance(v, bytes) else str(v).encode()
-                elif name == "group_sequence":
-                    v = int(v)
-                else:
-                    v = codec.to_text(v)
-            cols[j].append(v)
-    arrays = [pa.array(c, t) for c, (_n, t, _d) in zip(cols, PROPERTIES_FIELDS, strict=True)]
-    return pa.StructArray.from_arrays(arrays, fields=list(PROPERTIES_TYPE), mask=pa.array(mask, pa.bool_()))
+    """Rows without a properties section cost nothing here: pyarrow builds the struct from dicts."""
+    n = len(props)
+    if all(p is None for p in props):
+        children = [pa.nulls(n, t) for _n, t, _d in PROPERTIES_FIELDS]
+        return pa.StructArray.from_arrays(children, fields=list(PROPERTIES_TYPE), mask=pa.array([True] * n))
+    rows = [
+        None if p is None else {name: _property(name, v) for name, v in zip(_NAMES, p, strict=False)}
+        for p in props
+    ]
+    struct = pa.array(rows, PROPERTIES_TYPE)
+    if not struct.null_count:
+        return struct
+    # Null rows: make their fields null too (Arrow leaves them as zeros), so a field read alone is right.
+    valid = struct.is_valid()
+    children = [
+        pc.if_else(valid, struct.field(i), pa.scalar(None, t))
+        for i, (_n, t, _d) in enumerate(PROPERTIES_FIELDS)
+    ]
+    return pa.StructArray.from_arrays(children, fields=list(PROPERTIES_TYPE), mask=struct.is_null())
 
 
 def _map_array(maps: list[dict[Any, Any] | None]) -> pa.MapArray:
+    if all(m is None for m in maps):
+        return pa.nulls(len(maps), STRING_MAP)
     offsets = [0]
     keys: list[str | None] = []
     items: list[str | None] = []

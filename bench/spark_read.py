@@ -1,0 +1,126 @@
+"""Spark batch-read throughput against a bare rstream consumer, in one run on the same super stream.
+
+    .venv/bin/python -m bench.spark_read [--messages N] [--memory] [--memory-sizes 1000000,5000000]
+
+N 100-byte messages are spread evenly over a 2-partition super stream. The bare rstream consumer
+drains both partitions concurrently (one subscription each, one asyncio loop); Spark (`local[2]`,
+warmed up by a tiny read first) reads the super stream into the `noop` sink, once with no metadata
+columns and once with all of them. Prints one line per side, the Spark ones ending in the ratio to
+the bare consumer: `fixed columns: ... 1.23x`, `all metadata: ... 0.61x`.
+
+With `--memory`, also the peak RSS of a separate Python process iterating a `RangeReader` over
+the first 1,000,000 and 5,000,000 messages of a single stream and discarding the batches:
+`reader peak RSS for 1,000,000 messages: X MiB`. It should not grow with the range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+from bench.common import REPO, connection, fill, report, spark_session, temp_stream, temp_super_stream, timed
+from bench.reader import _bare
+from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+from pyspark_rmqs.options import ConnectionOptions
+
+PARTITIONS = 2
+WARMUP = 1_000  # messages per partition read by the warm-up query
+
+
+async def _bare_all(conn: ConnectionOptions, counts: dict[str, int]) -> int:
+    """One bare consumer per partition stream, all on this loop; returns the messages seen."""
+    seen = await asyncio.gather(*(_bare(conn, stream, n) for stream, n in counts.items() if n))
+    return sum(seen)
+
+
+def _spark_read(
+    spark: Any, superstream: str, fields: str | None, ending: dict[str, int] | None = None
+) -> int:
+    """Read the super stream into the noop sink; returns the row count observed on the way."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("rabbitmq_streams")
+    reader = reader.option("endpoints", "localhost:5552").option("superstream", superstream)
+    if fields is not None:
+        reader = reader.option("metadataFields", fields)
+    if ending is not None:
+        reader = reader.option("endingOffsets", json.dumps(ending))
+    seen = Observation("rows")
+    df = reader.load().observe(seen, F.count(F.lit(1)).alias("rows"))
+    df.write.format("noop").mode("overwrite").save()
+    return int(seen.get["rows"])
+
+
+def _rss_child(stream: str, count: int) -> None:
+    """In the child process: drain [0, count) of `stream`, then print this process's peak RSS in KiB."""
+    rows = 0
+    for batch in RangeReader(connection(), stream, 0, count, ReadSettings()):
+        rows += batch.num_rows
+    assert rows == count, (rows, count)
+    with open("/proc/self/status") as f:
+        hwm = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    print(hwm, flush=True)
+
+
+def _peak_rss_mib(stream: str, count: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.spark_read", "--rss-child", stream, str(count)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return int(out.split()[-1]) / 1024
+
+
+def _memory(conn: ConnectionOptions, sizes: list[int]) -> None:
+    with temp_stream(conn, "bench-spark-read-mem") as stream:
+        fill(conn, stream, max(sizes))
+        for n in sizes:
+            print(f"reader peak RSS for {n:,} messages: {_peak_rss_mib(stream, n):,.1f} MiB", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--memory", action="store_true", help="also measure the reader's peak RSS (slow)")
+    ap.add_argument("--memory-sizes", default="1000000,5000000", help="comma-separated message counts")
+    ap.add_argument("--rss-child", nargs=2, metavar=("STREAM", "COUNT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        _rss_child(args.rss_child[0], int(args.rss_child[1]))
+        return
+    n = args.messages
+    conn = connection()
+    with temp_super_stream(conn, PARTITIONS, "bench-spark-read") as (name, parts):
+        counts = {p: n // PARTITIONS + (i < n % PARTITIONS) for i, p in enumerate(parts)}
+        for stream, count in counts.items():
+            fill(conn, stream, count)
+        secs, seen = timed(lambda: asyncio.run(_bare_all(conn, counts)))
+        assert seen == n, (seen, n)
+        base = report("bare rstream consumer", n, secs)
+
+        spark = spark_session("rmqs-bench-spark-read")
+        try:
+            ending = {p: min(WARMUP, c) for p, c in counts.items()}
+            for fields in ("", None):  # JVM, Python workers, imports and broker connections
+                _spark_read(spark, name, fields, ending)
+            secs, rows = timed(lambda: _spark_read(spark, name, ""))
+            assert rows == n, (rows, n)
+            report("fixed columns", n, secs, base)
+            secs, rows = timed(lambda: _spark_read(spark, name, None))
+            assert rows == n, (rows, n)
+            report("all metadata", n, secs, base)
+        finally:
+            spark.stop()
+    if args.memory:
+        _memory(conn, sorted(int(s) for s in args.memory_sizes.split(",")))
+
+
+if __name__ == "__main__":
+    main()
