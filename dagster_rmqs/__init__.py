@@ -1,0 +1,40 @@
+"""Dagster integration of rmqs: read RabbitMQ Streams with Spark as assets, under the watermark protocol.
+
+Resources `RabbitMQStreamsResource` (key `rabbitmq`) and `SparkSessionResource` (key `spark`);
+factories `build_stream_asset`, `build_new_data_sensor`, `build_lag_check`,
+`build_observation_sensor`; offset-range partitions (`offset_range_partitions` and key helpers).
+"""
+
+from dagster_rmqs.assets import StreamTarget, build_stream_asset, stream_asset_spec, stream_target
+from dagster_rmqs.checks import build_lag_check
+from dagster_rmqs.partitions import (
+    OffsetRange,
+    merge_offset_ranges,
+    offset_range_key,
+    offset_range_partitions,
+    parse_offset_range_key,
+    range_layers,
+    range_run_key,
+)
+from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource
+from dagster_rmqs.sensors import build_new_data_sensor, build_observation_sensor, evaluate_new_data
+
+__all__ = [
+    "OffsetRange",
+    "RabbitMQStreamsResource",
+    "SparkSessionResource",
+    "StreamTarget",
+    "build_lag_check",
+    "build_new_data_sensor",
+    "build_observation_sensor",
+    "build_stream_asset",
+    "evaluate_new_data",
+    "merge_offset_ranges",
+    "offset_range_key",
+    "offset_range_partitions",
+    "parse_offset_range_key",
+    "range_layers",
+    "range_run_key",
+    "stream_asset_spec",
+    "stream_target",
+]

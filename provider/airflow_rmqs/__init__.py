@@ -1,0 +1,11 @@
+"""Apache Airflow provider for RabbitMQ Streams (rmqs).
+
+Public names live in their modules, imported lazily so that the triggerer and sensors never pull
+in pyspark: `airflow_rmqs.hooks.RabbitMQStreamHook`, `airflow_rmqs.operators.RabbitMQStream{Read,
+Drain,Publish}Operator`, `airflow_rmqs.sensors.RabbitMQStream{NewData,Lag}Sensor`,
+`airflow_rmqs.triggers.RabbitMQStream{NewData,Lag}Trigger`.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,58 @@
+"""`build_lag_check`: a blocking asset check on the consumer lag of a stream asset.
+
+Metadata only (tails and the watermark), so it is cheap to run after every materialization; as a
+blocking check it keeps downstream assets from materializing while the asset is too far behind.
+"""
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetsDefinition,
+    AssetSpec,
+    MetadataValue,
+    asset_check,
+)
+
+from dagster_rmqs.assets import stream_target
+from pyspark_rmqs.errors import ConfigurationError
+
+
+def build_lag_check(
+    asset: AssetsDefinition | AssetSpec,
+    max_lag: int,
+    *,
+    name: str = "consumer_lag",
+    blocking: bool = True,
+    severity: AssetCheckSeverity = AssetCheckSeverity.ERROR,
+) -> AssetChecksDefinition:
+    """Fails when the consumer lag of `asset` (from `build_stream_asset`) is above `max_lag`."""
+    if max_lag < 0:
+        raise ConfigurationError(f"max_lag must be >= 0; got {max_lag}")
+    target = stream_target(asset)
+    consumer = target.require_consumer(asset.key.to_user_string())
+
+    @asset_check(
+        asset=asset.key,
+        name=name,
+        blocking=blocking,
+        required_resource_keys={"rabbitmq"},
+        description=f"Consumer '{consumer}' lags at most {max_lag} message(s) on '{target.name}'",
+    )
+    def _lag_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        w = context.resources.rabbitmq.watermarks(consumer, **target.kw)
+        passed = w.total_lag <= max_lag
+        return AssetCheckResult(
+            passed=passed,
+            severity=severity,
+            description=f"lag {w.total_lag} {'<=' if passed else '>'} max_lag {max_lag}",
+            metadata={
+                "total_lag": MetadataValue.int(w.total_lag),
+                "max_lag": MetadataValue.int(max_lag),
+                "lag": MetadataValue.json({p.stream: p.lag for p in w.partitions}),
+                "tails": MetadataValue.json(w.tails()),
+            },
+        )
+
+    return _lag_check

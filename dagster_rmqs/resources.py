@@ -1,0 +1,154 @@
+"""Dagster resources: the broker connection (metadata calls only) and a SparkSession.
+
+`RabbitMQStreamsResource` holds connection settings as Dagster config, so the password can come
+from an `EnvVar` and the UI shows the variable's name, not its value. Everything it does besides
+`spark_options` is metadata (tails, stored offsets, lag): sensors and checks use it without a JVM.
+"""
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from dagster import ConfigurableResource, EnvVar
+from pydantic import Field
+
+from pyspark_rmqs import jobs
+from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
+from pyspark_rmqs.watermarks import Watermarks, awatermarks, store_watermarks
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_SECRET_FIELDS = frozenset({"password", "uris", "tls_truststore_password", "tls_keystore_password"})
+
+
+class RabbitMQStreamsResource(ConfigurableResource):
+    """Where the streams live. Give `endpoints` or `uris` (a URI's password wins over `password`)."""
+
+    endpoints: str | None = Field(default=None, description="Comma-separated host:port (port 5552).")
+    uris: str | None = Field(
+        default=None, description="Comma-separated rabbitmq-stream://user:password@host:port/vhost."
+    )
+    username: str | None = Field(default=None, description="Defaults to 'guest'.")
+    password: str | None = Field(default=None, description="Use EnvVar('...'); defaults to 'guest'.")
+    vhost: str | None = Field(default=None, description="Virtual host; defaults to '/'.")
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_trust_all: bool = False
+    tls_truststore: str | None = None
+    tls_truststore_password: str | None = None
+    tls_keystore: str | None = None
+    tls_keystore_password: str | None = None
+    metadata_timeout_s: float = Field(
+        default=40.0, description="Bound on one metadata call (sensors must finish within 60 s)."
+    )
+
+    def __repr_args__(self) -> Any:  # never show a secret in a repr or a log line
+        for name, value in super().__repr_args__():
+            yield name, ("***" if name in _SECRET_FIELDS and value is not None else value)
+
+    def connection_options(self) -> ConnectionOptions:
+        """The parsed connection (validated; a bad setting raises a ConfigurationError naming it)."""
+        raw = {
+            "endpoints": self.endpoints,
+            "uris": self.uris,
+            "username": self.username,
+            "password": self.password,
+            "vhost": self.vhost,
+            "tls": "true" if self.tls else None,
+            "tls.caFile": self.tls_ca_file,
+            "tls.certFile": self.tls_cert_file,
+            "tls.keyFile": self.tls_key_file,
+            "tls.trustAll": "true" if self.tls_trust_all else None,
+            "tls.truststore": self.tls_truststore,
+            "tls.truststorePassword": self.tls_truststore_password,
+            "tls.keystore": self.tls_keystore,
+            "tls.keystorePassword": self.tls_keystore_password,
+        }
+        return parse_connection_options({k: _value(v) for k, v in raw.items() if v is not None})
+
+    def watermarks(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> Watermarks:
+        """First offset, tail, stored offset and lag per partition stream; bounded in time."""
+        coro = awatermarks(self.connection_options(), consumer_name, stream=stream, superstream=superstream)
+        return run_sync(coro, self.metadata_timeout_s, f"watermarks of '{superstream or stream}'")
+
+    def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
+        """The offset after the last message, per partition stream."""
+        return self.watermarks("", stream=stream, superstream=superstream).tails()
+
+    def stored_offsets(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int | None]:
+        """The consumer's watermark (last processed offset) per partition stream; None if never stored."""
+        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
+        return {p.stream: p.stored for p in w.partitions}
+
+    def lag(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int]:
+        """Messages past the consumer's watermark, per partition stream."""
+        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
+        return {p.stream: p.lag for p in w.partitions}
+
+    def store_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
+        """Store the consumer's watermark (last processed offset); only after the sink succeeded."""
+        store_watermarks(self.connection_options(), consumer_name, last_offsets)
+
+    def spark_options(
+        self, *, stream: str | None = None, superstream: str | None = None, **extra: str
+    ) -> dict[str, str]:
+        """`spark.read.format("rabbitmq_streams")` options. They hold the password: never log them."""
+        opts = self.connection_options().to_options()
+        if stream is not None:
+            opts["stream"] = stream
+        if superstream is not None:
+            opts["superstream"] = superstream
+        opts.update(extra)
+        return opts
+
+    def stream_uri(self, name: str) -> str:
+        """`rabbitmq-stream://host:port/vhost/stream`: the stream's identity, without credentials."""
+        return stream_uri(self.connection_options(), name)
+
+
+def _value(v: str) -> str:
+    """A setting's value; an `EnvVar` is read here too, so the resource also works outside a run."""
+    return v.get_value() or "" if isinstance(v, EnvVar) else v
+
+
+def stream_uri(conn: ConnectionOptions, name: str) -> str:
+    host, port = conn.addresses()[0]
+    host = f"[{host}]" if ":" in host else host
+    return f"rabbitmq-stream://{host}:{port}/{quote(conn.vhost, safe='')}/{quote(name, safe='')}"
+
+
+class SparkSessionResource(ConfigurableResource):
+    """A SparkSession: local (`master`) by default, Spark Connect when `remote` is set.
+
+    The session is got-or-created and never stopped here: it is shared by the runs of a process.
+    To use a session of your own, pass it directly under the `spark` key instead of this resource.
+    """
+
+    master: str = Field(default="local[2]", description="Spark master of a local session.")
+    remote: str | None = Field(default=None, description="Spark Connect URL (sc://host:15002).")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
+    app_name: str = "rmqs-dagster"
+
+    def get_session(self) -> "SparkSession":
+        return jobs.spark_session(
+            master=None if self.remote else self.master,
+            conf=self.spark_conf,
+            remote=self.remote,
+            app=self.app_name,
+        )
+
+
+def session_of(spark: Any) -> "SparkSession":
+    """The session behind the `spark` resource: a SparkSessionResource or a user's own session."""
+    get = getattr(spark, "get_session", None)
+    return get() if callable(get) else spark

@@ -1,0 +1,202 @@
+"""`RabbitMQStreamHook`: an Airflow connection -> rmqs connection options, plus watermark calls.
+
+Everything here is metadata over the stream protocol (`pyspark_rmqs.watermarks`): no message is
+consumed and pyspark is never imported, so triggers and sensors can use it in the triggerer.
+The password lives in a `SecretStr` inside `ConnectionOptions`; only `spark_options()` reveals
+it, for handing to Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from pyspark_rmqs.broker.client import AsyncBrokerClient, BrokerClient
+from pyspark_rmqs.errors import ConfigurationError, RmqsError
+from pyspark_rmqs.options import (
+    CONNECTION_OPTIONS,
+    DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
+    ConnectionOptions,
+    parse_connection_options,
+)
+from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks, watermarks
+
+CONN_TYPE = "rabbitmq_stream"
+_PREFIX = f"extra__{CONN_TYPE}__"
+# Extra keys users may type: the option names (`tls.caFile`) or their snake_case fields (`tls_ca_file`).
+_EXTRA_KEYS = {**{o.lower(): o for o in CONNECTION_OPTIONS.values()}, **dict(CONNECTION_OPTIONS)}
+
+
+def _is_true(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes", "on")
+
+
+def connection_to_options(conn: Any, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """rmqs connection options (as Spark option strings) from an Airflow Connection.
+
+    host (comma-separated for several nodes) and port -> `endpoints`; login/password ->
+    `username`/`password`; the virtual host from extra `vhost`, else the `schema` field (a URI's
+    path), else "/"; every other connection option from extra, spelled `tls.caFile` or `tls_ca_file`.
+    """
+    if extra is None:
+        extra = conn.extra_dejson if conn.extra else {}
+    opts: dict[str, str] = {}
+    for raw_key, value in extra.items():
+        key = raw_key[len(_PREFIX) :] if raw_key.startswith(_PREFIX) else raw_key
+        if value is None or value == "":
+            continue
+        name = _EXTRA_KEYS.get(key) or _EXTRA_KEYS.get(key.lower()) or key  # unknown keys fail in parsing
+        opts[name] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if "uris" not in opts and "endpoints" not in opts:
+        if not conn.host:
+            raise ConfigurationError(
+                f"connection '{conn.conn_id}' has no host: set Host (and Port, default "
+                f"{DEFAULT_PORT}) or extra 'uris'"
+            )
+        port = conn.port or (DEFAULT_TLS_PORT if _is_true(opts.get("tls", "false")) else DEFAULT_PORT)
+        hosts = [h.strip() for h in conn.host.split(",") if h.strip()]
+        opts["endpoints"] = ",".join(h if ":" in h else f"{h}:{port}" for h in hosts)
+    if conn.login:
+        opts.setdefault("username", conn.login)
+    if conn.password:
+        opts.setdefault("password", conn.password)
+    if "vhost" not in opts and conn.schema:
+        opts["vhost"] = conn.schema
+    return opts
+
+
+def check_target(stream: str | None, superstream: str | None) -> None:
+    """Fail at DAG parse time unless exactly one of `stream` / `superstream` is given."""
+    if (stream is None) == (superstream is None):
+        raise ValueError("give exactly one of 'stream' or 'superstream'")
+
+
+def secret_values(options: ConnectionOptions) -> list[str]:
+    """The secrets in `options` (a URI's password is moved into `password` when parsed)."""
+    secrets = (options.password, options.tls_truststore_password, options.tls_keystore_password)
+    return [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
+
+
+def _mask(options: ConnectionOptions) -> None:
+    """Register every secret with Airflow's log masker, so no task log line shows one."""
+    from airflow.sdk.log import mask_secret
+
+    for secret in secret_values(options):
+        mask_secret(secret)
+
+
+async def _amask(options: ConnectionOptions) -> None:
+    """`_mask` for an event loop: the sync variant can deadlock against the supervisor there."""
+    from airflow.sdk.log import amask_secret
+
+    for secret in secret_values(options):
+        await amask_secret(secret)
+
+
+class RabbitMQStreamHook(BaseHook):
+    """Connection options and watermarks (tail, stored offsets, lag) of a stream or super stream.
+
+    :param rabbitmq_stream_conn_id: Airflow connection of type `rabbitmq_stream`.
+    """
+
+    conn_name_attr = "rabbitmq_stream_conn_id"
+    default_conn_name = "rabbitmq_stream_default"
+    conn_type = CONN_TYPE
+    hook_name = "RabbitMQ Stream"
+
+    def __init__(self, rabbitmq_stream_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
+        self._options: ConnectionOptions | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    def get_conn(self) -> ConnectionOptions:
+        """The parsed connection options (cached: one connection lookup per hook)."""
+        if self._options is None:
+            conn = self.get_connection(self.rabbitmq_stream_conn_id)
+            self._options = parse_connection_options(connection_to_options(conn))
+            _mask(self._options)
+        return self._options
+
+    async def aget_conn(self) -> ConnectionOptions:
+        """`get_conn` for the triggerer's event loop (no blocking connection lookup)."""
+        if self._options is None:
+            conn = await self.aget_connection(self.rabbitmq_stream_conn_id)
+            extra = await conn.aextra_dejson() if conn.extra else {}
+            self._options = parse_connection_options(connection_to_options(conn, extra))
+            await _amask(self._options)
+        return self._options
+
+    def spark_options(self) -> dict[str, str]:
+        """Connection options for `spark.read/write.options(...)`: holds the password, never log it."""
+        return self.get_conn().to_options()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Connect and authenticate; the message names the broker version or the error (no secrets)."""
+        try:
+            version = BrokerClient(self.get_conn(), request_timeout_s=10).broker_version()
+        except RmqsError as e:
+            return False, f"{type(e).__name__}: {e}"
+        except Exception as e:  # unexpected failures still must not surface a secret
+            return False, f"{type(e).__name__}: connection test failed"
+        return True, f"Connected to RabbitMQ {version}"
+
+    # ------------------------------------------------------------------ watermarks (sync)
+
+    def watermarks(
+        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> Watermarks:
+        """First offset, tail, stored watermark and lag of `consumer` per partition stream."""
+        return watermarks(self.get_conn(), consumer, stream=stream, superstream=superstream)
+
+    def tail(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
+        """The next offset to be written, per partition stream."""
+        client = BrokerClient(self.get_conn())
+        names = client.partitions(superstream) if superstream is not None else [str(stream)]
+        return client.tails(names)
+
+    def stored(
+        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int | None]:
+        """The broker-stored offset (the watermark) of `consumer` per partition stream."""
+        w = self.watermarks(consumer, stream=stream, superstream=superstream)
+        return {p.stream: p.stored for p in w.partitions}
+
+    def lag(self, consumer: str, *, stream: str | None = None, superstream: str | None = None) -> int:
+        """Messages published after `consumer`'s watermark, summed over partition streams."""
+        return self.watermarks(consumer, stream=stream, superstream=superstream).total_lag
+
+    def store(self, consumer: str, last_offsets: Mapping[str, int]) -> None:
+        """Store `consumer`'s watermarks (last processed offset per stream): only after a sink succeeded."""
+        store_watermarks(self.get_conn(), consumer, last_offsets)
+
+    # ------------------------------------------------------------------ watermarks (async)
+
+    async def awatermarks(
+        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> Watermarks:
+        return await awatermarks(await self.aget_conn(), consumer, stream=stream, superstream=superstream)
+
+    async def atail(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
+        import asyncio
+
+        client = AsyncBrokerClient(await self.aget_conn())
+        names = await client.partitions(superstream) if superstream is not None else [str(stream)]
+        tails = await asyncio.gather(*(client.tail(s) for s in names))
+        return dict(zip(names, tails, strict=True))
+
+    async def astored(
+        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int | None]:
+        w = await self.awatermarks(consumer, stream=stream, superstream=superstream)
+        return {p.stream: p.stored for p in w.partitions}
+
+    async def alag(self, consumer: str, *, stream: str | None = None, superstream: str | None = None) -> int:
+        return (await self.awatermarks(consumer, stream=stream, superstream=superstream)).total_lag
+
+    async def astore(self, consumer: str, last_offsets: Mapping[str, int]) -> None:
+        await astore_watermarks(await self.aget_conn(), consumer, last_offsets)

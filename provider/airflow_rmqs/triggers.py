@@ -1,0 +1,164 @@
+"""Triggers on a consumer's watermark: new data arrived, or lag fell below a bound.
+
+They only compare tails with the broker-stored watermark (`awatermarks`, a few metadata calls on
+one shared connection per event loop): nothing is consumed and no JVM starts, so they are cheap
+enough for the triggerer to poll every few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+from airflow_rmqs.hooks import RabbitMQStreamHook, check_target
+from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.watermarks import Watermarks
+
+
+def watermark_payload(w: Watermarks) -> dict[str, Any]:
+    """JSON-friendly view of a check: per-partition tail and watermark, and the pending ranges.
+
+    `pending` is `{stream: [start, end)}`: what a read started now would cover.
+    """
+    return {
+        "target": w.target,
+        "superstream": w.superstream,
+        "consumer": w.consumer,
+        "total_lag": w.total_lag,
+        "partitions": {
+            p.stream: {"tail": p.tail, "watermark": p.stored, "first": p.first, "lag": p.lag}
+            for p in w.partitions
+        },
+        "pending": {s: [start, end] for s, (start, end) in w.pending().items()},
+    }
+
+
+class _WatermarkPolling:
+    """The polling loop shared by both triggers: transient broker errors are logged and retried."""
+
+    log: Any
+    consumer_name: str
+    stream: str | None
+    superstream: str | None
+    poll_interval: float
+    rabbitmq_stream_conn_id: str
+    _hook: RabbitMQStreamHook | None = None
+
+    def _set_target(
+        self,
+        consumer_name: str,
+        stream: str | None,
+        superstream: str | None,
+        poll_interval: float,
+        conn_id: str,
+    ) -> None:
+        check_target(stream, superstream)
+        self.consumer_name = consumer_name
+        self.stream = stream
+        self.superstream = superstream
+        self.poll_interval = float(poll_interval)
+        self.rabbitmq_stream_conn_id = conn_id
+
+    def _target_kwargs(self) -> dict[str, Any]:
+        return {
+            "consumer_name": self.consumer_name,
+            "stream": self.stream,
+            "superstream": self.superstream,
+            "poll_interval": self.poll_interval,
+            "rabbitmq_stream_conn_id": self.rabbitmq_stream_conn_id,
+        }
+
+    async def check(self) -> Watermarks:
+        """One watermark snapshot (tails, stored offsets) on the running loop's shared connection."""
+        if self._hook is None:
+            self._hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
+        return await self._hook.awatermarks(
+            self.consumer_name, stream=self.stream, superstream=self.superstream
+        )
+
+    async def _checks(self) -> AsyncIterator[Watermarks]:
+        """One snapshot per poll; retryable errors wait for the next poll, the others raise."""
+        while True:
+            try:
+                yield await self.check()
+            except RmqsError as e:
+                if not e.retryable:
+                    raise
+                self.log.warning(
+                    "rmqs: watermark check failed, retrying in %.1f s: %s", self.poll_interval, e
+                )
+            await asyncio.sleep(self.poll_interval)
+
+
+class RabbitMQStreamNewDataTrigger(_WatermarkPolling, BaseEventTrigger):
+    """Fires when at least `min_messages` were published after `consumer_name`'s watermark.
+
+    Usable in an `AssetWatcher`: it keeps polling after an event and fires again only once a tail
+    moved past the tails of the previous event, so pending data that a run has not consumed yet
+    does not schedule one run per poll. Payload: `watermark_payload` (tail and watermark per
+    partition stream, pending ranges, total lag).
+    """
+
+    def __init__(
+        self,
+        *,
+        consumer_name: str,
+        stream: str | None = None,
+        superstream: str | None = None,
+        min_messages: int = 1,
+        poll_interval: float = 5.0,
+        rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
+    ) -> None:
+        super().__init__()
+        self._set_target(consumer_name, stream, superstream, poll_interval, rabbitmq_stream_conn_id)
+        self.min_messages = max(1, int(min_messages))
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {**self._target_kwargs(), "min_messages": self.min_messages},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        fired: dict[str, int] | None = None
+        async for w in self._checks():
+            if w.total_lag < self.min_messages:
+                continue
+            tails = w.tails()
+            if fired is not None and all(t <= fired.get(s, -1) for s, t in tails.items()):
+                continue  # the same pending data as the last event: wait for new messages
+            fired = tails
+            yield TriggerEvent({"status": "success", **watermark_payload(w)})
+
+
+class RabbitMQStreamLagTrigger(_WatermarkPolling, BaseTrigger):
+    """Fires once `consumer_name`'s total lag is at most `max_lag` (for deferrable sensors)."""
+
+    def __init__(
+        self,
+        *,
+        consumer_name: str,
+        stream: str | None = None,
+        superstream: str | None = None,
+        max_lag: int = 0,
+        poll_interval: float = 5.0,
+        rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
+    ) -> None:
+        super().__init__()
+        self._set_target(consumer_name, stream, superstream, poll_interval, rabbitmq_stream_conn_id)
+        self.max_lag = max(0, int(max_lag))
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {**self._target_kwargs(), "max_lag": self.max_lag},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for w in self._checks():
+            if w.total_lag <= self.max_lag:
+                yield TriggerEvent({"status": "success", **watermark_payload(w)})
+                return

@@ -1,0 +1,124 @@
+"""RabbitMQStreamHook: connection mapping, test_connection and watermarks, without a metadata DB."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from airflow_rmqs.hooks import RabbitMQStreamHook, connection_to_options
+from pyspark_rmqs.errors import ConfigurationError
+from tests.airflow.conftest import secret_uri
+from tests.support.broker import BrokerSettings
+from tests.support.data import publish
+
+pytestmark = pytest.mark.airflow
+
+
+def options_of(conn_env, value: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    from airflow.sdk import BaseHook
+
+    conn_env("rmqs_map", value)
+    return connection_to_options(BaseHook.get_connection("rmqs_map"))
+
+
+def test_uri_connection_maps_to_options(conn_env) -> None:  # type: ignore[no-untyped-def]
+    opts = options_of(
+        conn_env, "rabbitmq-stream://app:p%40ss@node1,node2:5552/prod?tls=true&tls.caFile=/ca.pem"
+    )
+    assert opts == {
+        "endpoints": "node1:5552,node2:5552",
+        "username": "app",
+        "password": "p@ss",
+        "vhost": "prod",  # from the URI path (the `schema` field)
+        "tls": "true",
+        "tls.caFile": "/ca.pem",
+    }
+
+
+def test_json_connection_extra_spellings_and_tls_port(conn_env) -> None:  # type: ignore[no-untyped-def]
+    value = {
+        "conn_type": "rabbitmq_stream",
+        "host": "broker",
+        "login": "u",
+        "password": "pw",
+        "schema": "ignored",
+        "extra": {
+            "vhost": "/",
+            "tls": True,
+            "tls_trust_all": True,
+            "extra__rabbitmq_stream__tls_cert_file": "",
+        },
+    }
+    opts = options_of(conn_env, json.dumps(value))
+    assert opts == {
+        "endpoints": "broker:5551",  # TLS default port
+        "username": "u",
+        "password": "pw",
+        "vhost": "/",
+        "tls": "true",
+        "tls.trustAll": "true",
+    }
+    uris = {"conn_type": "rabbitmq_stream", "extra": {"uris": "rabbitmq-stream://a:b@h1:5552/%2F"}}
+    assert options_of(conn_env, json.dumps(uris)) == {"uris": "rabbitmq-stream://a:b@h1:5552/%2F"}
+
+
+def test_bad_connections_fail_with_configuration_errors(conn_env) -> None:  # type: ignore[no-untyped-def]
+    conn_env(
+        "rmqs_bad", json.dumps({"conn_type": "rabbitmq_stream", "host": "h", "extra": {"tls.cafle": "x"}})
+    )
+    with pytest.raises(ConfigurationError, match=r"did you mean 'tls\.caFile'"):
+        RabbitMQStreamHook("rmqs_bad").get_conn()
+    conn_env("rmqs_nohost", json.dumps({"conn_type": "rabbitmq_stream", "login": "u"}))
+    with pytest.raises(ConfigurationError, match="no host"):
+        RabbitMQStreamHook("rmqs_nohost").get_conn()
+
+
+def test_test_connection(broker: BrokerSettings, conn_env, caplog) -> None:  # type: ignore[no-untyped-def]
+    ok, message = RabbitMQStreamHook().test_connection()
+    assert ok and message.startswith("Connected to RabbitMQ 4.")
+    password = "wrong-Pw-5f1c9e"
+    conn_env("rmqs_wrong", f"rabbitmq-stream://guest:{password}@{broker.host}:{broker.port}/%2F")
+    caplog.set_level(logging.DEBUG)
+    ok, message = RabbitMQStreamHook("rmqs_wrong").test_connection()
+    assert not ok and "AuthenticationError" in message
+    assert password not in message and password not in caplog.text
+
+
+def test_watermarks_sync_and_async(broker: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    name, parts = streams.super_stream(2)
+    publish(broker, parts[0], [b"a"] * 30)
+    publish(broker, parts[1], [b"b"] * 10)
+    hook = RabbitMQStreamHook()
+    assert hook.tail(superstream=name) == {parts[0]: 30, parts[1]: 10}
+    assert hook.stored("etl", superstream=name) == {parts[0]: None, parts[1]: None}
+    assert hook.lag("etl", superstream=name) == 40
+    hook.store("etl", {parts[0]: 19})
+    assert hook.stored("etl", superstream=name) == {parts[0]: 19, parts[1]: None}
+    assert hook.lag("etl", superstream=name) == 20
+
+    async def check() -> tuple[dict[str, int], dict[str, int | None], int]:
+        h = RabbitMQStreamHook()
+        await h.astore("etl", {parts[1]: 9})
+        return (
+            await h.atail(superstream=name),
+            await h.astored("etl", superstream=name),
+            await h.alag("etl", superstream=name),
+        )
+
+    tails, stored, lag = asyncio.run(check())
+    assert (tails, stored, lag) == ({parts[0]: 30, parts[1]: 10}, {parts[0]: 19, parts[1]: 9}, 10)
+    w = hook.watermarks("etl", stream=parts[0])
+    assert (w.partitions[0].tail, w.partitions[0].stored, w.total_lag) == (30, 19, 10)
+
+
+def test_password_never_in_repr_or_options_dump(secret_user, broker: BrokerSettings, conn_env) -> None:  # type: ignore[no-untyped-def]
+    user, password = secret_user
+    conn_env("rmqs_secret", secret_uri(broker, user, password))
+    hook = RabbitMQStreamHook("rmqs_secret")
+    options = hook.get_conn()
+    assert password not in repr(options) and password not in str(options.model_dump())
+    assert hook.spark_options()["password"] == password  # only for handing to Spark
+    assert hook.test_connection()[0]

@@ -1,0 +1,81 @@
+"""Operator arguments: template fields, rendered-value coercion and error mapping (no broker, no DB)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_rmqs import values
+from airflow_rmqs.failures import airflow_failures
+from airflow_rmqs.operators import (
+    RabbitMQStreamDrainOperator,
+    RabbitMQStreamPublishOperator,
+    RabbitMQStreamReadOperator,
+)
+from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError, DataLossError
+
+pytestmark = pytest.mark.airflow
+
+
+def test_positions_from_rendered_templates() -> None:
+    assert values.position(None, "start", "watermark") == "watermark"
+    assert values.position(" Latest ", "end", "latest") == "latest"
+    assert values.position('{"o-0": 5, "o-1": -2}', "start", "watermark") == '{"o-0": 5, "o-1": -2}'
+    assert values.position("{'o-0': 5}", "start", "watermark") == '{"o-0": 5}'  # a rendered dict Param
+    assert values.position({"o-0": 7}, "end", "latest") == '{"o-0": 7}'
+    assert values.position("2025-01-01 10:00:00+00:00", "start", "w") == datetime(2025, 1, 1, 10, tzinfo=UTC)
+    assert values.position("2025-01-01T10:00:00Z", "start", "w") == datetime(2025, 1, 1, 10, tzinfo=UTC)
+    assert values.position(datetime(2025, 1, 1), "start", "w") == datetime(2025, 1, 1, tzinfo=UTC)
+    assert values.position("1735725600000", "end", "latest") == 1735725600000  # epoch millis
+    with pytest.raises(ConfigurationError, match="'start' must be one of"):
+        values.position("yesterday", "start", "watermark")
+    with pytest.raises(ConfigurationError, match="'end' is not a JSON object"):
+        values.position("{nope", "end", "latest")
+
+
+def test_options_and_ints_from_rendered_templates() -> None:
+    assert values.options('{"compression": "snappy", "x": true}', "o") == {
+        "compression": "snappy",
+        "x": "true",
+    }
+    assert values.options(None, "o") == {}
+    assert values.optional_int("None", "max_messages") is None
+    assert values.optional_int("250", "max_messages") == 250
+    with pytest.raises(ConfigurationError, match="'max_messages' must be at least 1"):
+        values.optional_int(0, "max_messages")
+
+
+def test_error_mapping() -> None:
+    with pytest.raises(AirflowFailException, match="DataLossError: gone"), airflow_failures():
+        raise DataLossError("gone")
+    with pytest.raises(BrokerUnavailableError), airflow_failures():
+        raise BrokerUnavailableError("down")  # retryable: Airflow retries it
+    spark_text = (
+        "PythonException: ...\npyspark_rmqs.errors.DataLossError: offsets [0, 5) of stream 's' were removed"
+    )
+    with pytest.raises(AirflowFailException, match=r"^DataLossError: offsets \[0, 5\)"), airflow_failures():
+        raise RuntimeError(spark_text)
+    with pytest.raises(RuntimeError, match=r"password=\*\*\*") as leaked, airflow_failures(["s3cret"]):
+        raise ValueError("bad password=s3cret")
+    assert "s3cret" not in str(leaked.value) and leaked.value.__cause__ is None
+
+
+def test_operator_arguments_and_template_fields() -> None:
+    read = RabbitMQStreamReadOperator(task_id="r", superstream="orders", consumer_name="c", output_path="/o")
+    assert {"start", "end", "output_path", "max_messages", "consumer_name", "output_options"} <= set(
+        read.template_fields
+    )
+    with pytest.raises(ValueError, match="exactly one of 'stream' or 'superstream'"):
+        RabbitMQStreamReadOperator(task_id="r", consumer_name="c", output_path="/o")
+    with pytest.raises(ValueError, match="exactly one of 'output_path' or 'process'"):
+        RabbitMQStreamReadOperator(task_id="r", stream="s", consumer_name="c")
+    with pytest.raises(ValueError, match="needs a consumer_name"):
+        RabbitMQStreamReadOperator(task_id="r", stream="s", output_path="/o")
+    drain = RabbitMQStreamDrainOperator(
+        task_id="d", stream="s", consumer_name="c", checkpoint_location="/cp", output_path="/o"
+    )
+    assert {"checkpoint_location", "output_path"} <= set(drain.template_fields)
+    with pytest.raises(ValueError, match="exactly one of 'input_path' or 'dataframe_callable'"):
+        RabbitMQStreamPublishOperator(task_id="p", stream="s")
