@@ -46,8 +46,8 @@ class ConnectCounter:
             self.calls += 1
             return await original(*args, **kwargs)
 
-        connect_module.connect = counting  # type: ignore[assignment]
-        pool_module.connect = counting  # type: ignore[assignment]
+        connect_module.connect = counting
+        pool_module.connect = counting
 
 
 def airflow_connection(conn: ConnectionOptions) -> None:

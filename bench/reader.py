@@ -36,7 +36,7 @@ async def _bare(conn: ConnectionOptions, stream: str, count: int) -> int:
     ) as c:
         await c.subscribe(
             stream,
-            on_message,  # type: ignore[arg-type]
+            on_message,
             decoder=lambda b: b,
             offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
         )

@@ -265,7 +265,8 @@ def _read_partitions(
     for ranges in layers:
         plan = plan_read(
             conn,
-            **target.kw,
+            stream=target.stream,
+            superstream=target.superstream,
             consumer=target.consumer_name,
             start={s: a for s, (a, _) in ranges.items()},
             end={s: b for s, (_, b) in ranges.items()},
