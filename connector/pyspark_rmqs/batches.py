@@ -51,10 +51,21 @@ class BatchBuilder:
         self, data: bytes, num_entries: int, skip: int, take: int, first_offset: int, ts: int
     ) -> None:
         """Add records `[skip, skip + take)` of a chunk whose record `skip` has offset `first_offset`."""
+        try:
+            if self.full:
+                got: list[Any] = codec.chunk_records(data, num_entries)[skip : skip + take]
+            else:
+                got = codec.chunk_bodies(data, num_entries, skip, take)
+            if len(got) != take:
+                raise DataError(f"corrupt chunk: it holds {len(got)} of the {take} records asked for")
+        except DataError as e:
+            raise DataError(
+                f"cannot read the chunk at offset {first_offset - skip} of stream '{self.stream}': {e}"
+            ) from e
         if self.full:
-            self.records.extend(codec.chunk_records(data, num_entries)[skip : skip + take])
+            self.records.extend(got)
         else:
-            self.values.extend(codec.chunk_bodies(data, num_entries, skip, take))
+            self.values.extend(got)
         self._positions(take, first_offset, ts)
 
     def add(self, records: Sequence[memoryview], first_offset: int, timestamp_ms: int) -> None:

@@ -48,6 +48,9 @@ def _unsnappy(data: bytes | memoryview, size: int) -> bytes:
     raw = bytes(data)
     if raw.startswith(_SNAPPY_FRAMED):
         return bytes(cramjam.snappy.decompress(raw))
+    claimed = _snappy_length(raw)
+    if claimed > 32 * len(raw) + 32:  # snappy expands at most ~32 times; the buffer is allocated up front
+        raise DataError(f"sub-entry claims {claimed} uncompressed bytes from {len(raw)} snappy bytes")
     return bytes(cramjam.snappy.decompress_raw(raw))
 
 
@@ -57,13 +60,30 @@ def _unlz4(data: bytes | memoryview, size: int) -> bytes:
     raw = bytes(data)
     if raw.startswith(_LZ4_FRAME):
         return bytes(cramjam.lz4.decompress(raw))
+    # The buffer is allocated up front, and a failed allocation aborts the process: LZ4 expands
+    # at most 255 times, so a larger claimed size is corrupt data.
+    if size > 255 * len(raw) + 16:
+        raise DataError(f"sub-entry claims {size} uncompressed bytes from {len(raw)} lz4 bytes")
     return bytes(cramjam.lz4.decompress_block(raw, output_len=size))
+
+
+_PREALLOCATE_MAX = 64 << 20  # above this, let the decompressor grow its buffer to the real size
 
 
 def _unzstd(data: bytes | memoryview, size: int) -> bytes:
     import cramjam
 
-    return bytes(cramjam.zstd.decompress(bytes(data), output_len=size))
+    return bytes(cramjam.zstd.decompress(bytes(data), output_len=size if size <= _PREALLOCATE_MAX else None))
+
+
+def _snappy_length(raw: bytes) -> int:
+    """The uncompressed length a raw snappy block starts with (a varint)."""
+    n = 0
+    for i, byte in enumerate(raw[:5]):
+        n |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            return n
+    raise DataError("sub-entry holds an invalid snappy block")
 
 
 _DECOMPRESS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
@@ -75,7 +95,14 @@ _DECOMPRESS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
 
 
 def chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview]:
-    """The messages of a chunk, one per offset, in order."""
+    """The messages of a chunk, one per offset, in order; DataError when the chunk is corrupt."""
+    try:
+        return _chunk_records(data, num_entries)
+    except (IndexError, struct.error) as e:
+        raise DataError(f"corrupt chunk: its {num_entries} entries do not fit its {len(data)} bytes") from e
+
+
+def _chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview]:
     mv = data if isinstance(data, memoryview) else memoryview(data)
     out: list[memoryview] = []
     append = out.append
@@ -97,7 +124,12 @@ def chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview
             fn = _DECOMPRESS.get(codec)
             if fn is None:
                 raise DataError(f"unknown sub-entry compression code {codec}")
-            payload = memoryview(fn(payload, uncompressed))
+            try:
+                payload = memoryview(fn(payload, uncompressed))
+            except DataError:
+                raise
+            except Exception as e:  # zlib.error, cramjam.DecompressionError, ...
+                raise DataError(f"cannot decompress a sub-entry (compression code {codec}): {e}") from e
         sub = 0
         for _ in range(n):
             (msize,) = unpack(payload, sub)
@@ -123,17 +155,21 @@ def chunk_bodies(data: bytes, num_entries: int, skip: int, take: int) -> list[by
     append = out.append
     unpack = _U32.unpack_from
     startswith = data.startswith
+    n = len(data)
     pos = 0
     i = 0
     while i < stop:
-        (size,) = unpack(data, pos)
+        try:
+            (size,) = unpack(data, pos)
+        except struct.error as e:
+            raise DataError(f"corrupt chunk: fewer than {stop} records in its {n} bytes") from e
         if size & 0x80000000:  # a sub-entry batch: take the general path for the whole chunk
             return bodies(chunk_records(data, num_entries)[skip:stop])
         p = pos + 4
         pos = p + size
         if i >= skip:
-            # The `end` bounds keep the length reads inside this record (a truncated record ends a chunk).
-            if startswith(_DATA8, p, pos - 1) and data[p + 4] + 5 == size:
+            # The bounds keep the length reads inside this record (a truncated record ends a chunk).
+            if pos <= n and startswith(_DATA8, p, pos - 1) and data[p + 4] + 5 == size:
                 append(data[p + 5 : pos])
             elif startswith(_DATA32, p, pos - 4) and unpack(data, p + 4)[0] + 8 == size:
                 append(data[p + 8 : pos])
@@ -265,7 +301,10 @@ def _value(b: memoryview, p: int) -> tuple[Any, int]:
     if c == 0x98:
         return uuid.UUID(bytes=bytes(b[p + 1 : p + 17])), p + 17
     if c == 0x73:
-        return chr(_U32.unpack_from(b, p + 1)[0]), p + 5
+        code = _U32.unpack_from(b, p + 1)[0]
+        if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:  # not a character UTF-8 (and Arrow) can hold
+            raise ValueError(f"invalid AMQP char 0x{code:x} at {p}")
+        return chr(code), p + 5
     if c in (0xC0, 0xD0, 0x45):
         count, q, end = _compound(b, p)
         items = []
@@ -279,6 +318,8 @@ def _value(b: memoryview, p: int) -> tuple[Any, int]:
         for _ in range(count // 2):
             k, q = _value(b, q)
             v, q = _value(b, q)
+            if isinstance(k, list | dict):
+                raise ValueError(f"unsupported AMQP map key (a {type(k).__name__}) in the map at {p}")
             d[k] = v
         return d, end
     # decimals and arrays: keep their raw bytes rather than fail the whole message
@@ -324,7 +365,7 @@ def _body(m: memoryview) -> bytes:
         code, q = _descriptor(m, p)
         if code == DATA:
             v, p = _value(m, q)
-            parts.append(v)
+            parts.append(_binary(v))
         elif code == VALUE:
             value, p = _value(m, q)
         else:
@@ -370,16 +411,19 @@ def _decode(m: memoryview) -> Decoded:
         code, q = _descriptor(m, p)
         if code == DATA:
             v, p = _value(m, q)
-            parts.append(v)
+            parts.append(_binary(v))
         elif code == VALUE:
             value, p = _value(m, q)
             has_value = True
         elif code == PROPERTIES:
-            out.properties, p = _value(m, q)
+            props, p = _value(m, q)
+            out.properties = _properties(props)
         elif code == APP_PROPS:
-            out.application_properties, p = _value(m, q)
+            app, p = _value(m, q)
+            out.application_properties = _map("application-properties", app)
         elif code == MESSAGE_ANN:
-            out.message_annotations, p = _value(m, q)
+            ann, p = _value(m, q)
+            out.message_annotations = _map("message-annotations", ann)
         else:
             p = _skip(m, q)
     if p != n:
@@ -391,6 +435,42 @@ def _decode(m: memoryview) -> Decoded:
     return out
 
 
+def _binary(v: Any) -> bytes:
+    if not isinstance(v, bytes):
+        raise ValueError(f"a data section holds a {type(v).__name__}, not binary")
+    return v
+
+
+_MS_MAX = (2**63 - 1) // 1000  # timestamps become microseconds in Arrow (int64)
+
+
+def _properties(v: Any) -> list[Any] | None:
+    """The properties list, checked where the source columns need a type (timestamps, int64)."""
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise ValueError(f"the properties section is a {type(v).__name__}, not a list")
+    for i, name, limit in (
+        (8, "absolute-expiry-time", _MS_MAX),
+        (9, "creation-time", _MS_MAX),
+        (11, "group-sequence", 2**63 - 1),
+    ):
+        x = v[i] if i < len(v) else None
+        if x is not None and (not isinstance(x, int) or not -limit <= x <= limit):
+            raise ValueError(f"properties {name} is not an integer in range (a {type(x).__name__})")
+    return v
+
+
+def _map(section: str, v: Any) -> dict[Any, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError(f"the {section} section is a {type(v).__name__}, not a map")
+    if None in v:
+        raise ValueError(f"the {section} section has a null key")
+    return v
+
+
 def to_text(v: Any) -> str | None:
     """SPEC.md's lossy coercion of property and annotation values to strings."""
     if v is None or isinstance(v, str):
@@ -398,7 +478,11 @@ def to_text(v: Any) -> str | None:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, Timestamp):
-        return datetime.fromtimestamp(v / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        try:
+            dt = datetime.fromtimestamp(v / 1000, UTC)
+        except (OverflowError, ValueError, OSError):  # beyond datetime's years 1..9999
+            return str(int(v))
+        return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if isinstance(v, bytes):
         try:
             return v.decode("utf-8")

@@ -145,6 +145,7 @@ _SINK_ONLY: Mapping[str, str] = {
 
 KNOWN_SOURCE_OPTIONS: tuple[str, ...] = (*CONNECTION_OPTIONS.values(), *_SOURCE_ONLY.values())
 KNOWN_SINK_OPTIONS: tuple[str, ...] = (*CONNECTION_OPTIONS.values(), *_SINK_ONLY.values())
+_CANONICAL: Mapping[str, str] = {name.lower(): name for name in (*KNOWN_SOURCE_OPTIONS, *KNOWN_SINK_OPTIONS)}
 
 REMOVED_OPTIONS: Mapping[str, str] = {
     "filterValueColumn": "use 'filterValuePath' on the sink instead "
@@ -231,7 +232,8 @@ def _normalize(
             continue
         if lower not in by_lower:
             if elsewhere and lower in elsewhere:
-                raise _err(f"option '{key}' {elsewhere[lower]}; it is not valid for {context}")
+                name = _CANONICAL.get(lower, key)  # Spark lower-cases keys: show the name users type
+                raise _err(f"option '{name}' {elsewhere[lower]}; it is not valid for {context}")
             suggestion = _suggest(key, (*known, *ignored))
             if suggestion is not None:
                 raise _err(f"unknown option '{key}'; did you mean '{suggestion}'?")

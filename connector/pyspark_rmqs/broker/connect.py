@@ -6,13 +6,35 @@ tried, never the password.
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import ssl
 from typing import Any
 
 from rstream import exceptions as rx
+from rstream import schema
 
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.errors import AuthenticationError, BrokerUnavailableError, ConfigurationError
+
+
+class _RedactSaslFrames(logging.Filter):
+    """rstream logs each frame it sends at DEBUG, SaslAuthenticate included: with the password."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(isinstance(a, schema.SaslAuthenticate) for a in args):
+            record.args = tuple(
+                "SaslAuthenticate(<redacted>)" if isinstance(a, schema.SaslAuthenticate) else a for a in args
+            )
+        return True
+
+
+logging.getLogger("rstream.client").addFilter(_RedactSaslFrames())
+
+log = logging.getLogger(__name__)
+_warned_trust_all = False
 
 
 def ssl_context(conn: Any) -> ssl.SSLContext | None:
@@ -21,6 +43,13 @@ def ssl_context(conn: Any) -> ssl.SSLContext | None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     if getattr(conn, "tls_trust_all", False):
+        global _warned_trust_all
+        if not _warned_trust_all:
+            _warned_trust_all = True
+            log.warning(
+                "tls.trustAll=true: the broker's TLS certificate and host name are not verified; "
+                "anyone on the network path can impersonate the broker (use it for development only)"
+            )
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     ca = getattr(conn, "tls_ca_file", None)
@@ -39,7 +68,10 @@ def ssl_context(conn: Any) -> ssl.SSLContext | None:
         from pyspark_rmqs.broker.tls import keystore_pem_files
 
         cert_file, key_file = keystore_pem_files(keystore, _secret(conn, "tls_keystore_password"))
-        ctx.load_cert_chain(cert_file, key_file)
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        finally:  # the unencrypted key is needed for this call only: leave no copy in the temp folder
+            shutil.rmtree(os.path.dirname(key_file), ignore_errors=True)
     return ctx
 
 
@@ -70,20 +102,38 @@ async def connect(conn: Any, name: str = "rmqs") -> RmqsClient:
         except rx.VirtualHostAccessFailure as e:
             await _close_quietly(client)
             raise AuthenticationError(
-                f"user '{username}' has no access to virtual host '{conn.vhost}' on {host}:{port}"
+                f"user '{username}' has no access to virtual host '{conn.vhost}' on {host}:{port} "
+                "(the virtual host does not exist, or the user has no permissions there)"
             ) from e
+        except ssl.SSLCertVerificationError as e:
+            await _close_quietly(client)
+            detail = e.verify_message or e.reason
+            errors.append(f"{host}:{port} (TLS certificate verification failed: {detail})")
         except ssl.SSLError as e:
             await _close_quietly(client)
-            errors.append(f"{host}:{port} (TLS: {e.reason or e})")
+            reason = str(e.reason or e)
+            if "ALERT" in reason and ("_CA" in reason or "CERTIFICATE" in reason):
+                reason += "; the broker refused the client certificate (tls.certFile / tls.keystore)"
+            errors.append(f"{host}:{port} (TLS: {reason})")
         except ConnectionRefusedError:
             await _close_quietly(client)
             errors.append(f"{host}:{port} (connection refused)")
         except (OSError, ConnectionError, TimeoutError, rx.ServerError) as e:
             await _close_quietly(client)
-            errors.append(f"{host}:{port} ({type(e).__name__}: {e})" if str(e) else f"{host}:{port}")
+            errors.append(f"{host}:{port} ({_describe(e, tls=ctx is not None)})")
     if not errors:
         raise ConfigurationError("no broker address: set the 'endpoints' or 'uris' option")
     raise BrokerUnavailableError("could not connect to RabbitMQ Streams at " + ", ".join(errors))
+
+
+def _describe(e: BaseException, *, tls: bool) -> str:
+    """What went wrong at one address, with a hint when TLS and plain ports look mixed up."""
+    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    if tls and isinstance(e, ConnectionResetError):
+        text += "; reset during the TLS handshake: is this a TLS port?"
+    elif not tls and isinstance(e, TimeoutError):
+        text += "; no answer to the handshake: if this is a TLS port, set tls=true"
+    return text
 
 
 def _addresses(conn: Any) -> list[tuple[str, int]]:

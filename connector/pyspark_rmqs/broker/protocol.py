@@ -113,6 +113,10 @@ class FrameConnection(Connection):
         except TimeoutError as e:
             raise ConnectionError(f"could not connect to {self.host}:{self.port} (timed out)") from e
 
+    tls_error: ssl.SSLError | None = None
+    """A TLS alert that ended the connection, e.g. the broker refusing a client certificate (TLS 1.3
+    reports that after the handshake, on the first read)."""
+
     async def _read_frame_raw(self) -> bytearray:
         assert self._reader is not None
         try:
@@ -120,6 +124,9 @@ class FrameConnection(Connection):
             return await self._reader.readexactly(int.from_bytes(header, "big"))  # type: ignore[return-value]
         except (asyncio.IncompleteReadError, ConnectionResetError) as e:
             raise ConnectionClosed from e
+        except ssl.SSLError as e:
+            self.tls_error = e
+            raise
 
     deliver: Callable[[Chunk], None] | None = None
     confirm: Callable[[int, tuple[int, ...]], None] | None = None
@@ -197,9 +204,19 @@ class RmqsClient(Client):
         conn.confirm = self._dispatch_confirm
         self._conn = conn
         await conn.open()
-        self.start_task("listener", self._listener())
+        self.start_task("listener", self._listen(conn))
         self.add_handler(schema.Heartbeat, self._on_heartbeat)
         self.add_handler(schema.Close, self._on_close)
+
+    async def _listen(self, conn: FrameConnection) -> None:
+        """rstream's listener; when a TLS alert ends it, pending requests fail with that alert at once
+        (rstream would leave them to time out)."""
+        await self._listener()
+        error = conn.tls_error
+        if error is not None:
+            for fut in list(self._waiters.values()):
+                if not fut.done():
+                    fut.set_exception(error)
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
         """StreamStats (RabbitMQ 3.11+): first_chunk_id, committed_chunk_id; committed_offset on 4.3+."""

@@ -1,0 +1,368 @@
+"""Fuzzing the AMQP 1.0 decoder and the chunk reader with hypothesis.
+
+Inputs are random bytes and valid messages mutated by bit flips, truncation, insertion, deletion
+and planted type codes. The contracts (what the reader relies on):
+
+- `codec.decode` raises ValueError and nothing else;
+- `codec.bodies` never raises and returns one `bytes` per record;
+- `codec.chunk_records` / `codec.chunk_bodies` never raise on well-framed chunks (whatever the
+  messages hold) and raise only ValueError or DataError on corrupt chunk framing;
+- `BatchBuilder(strict=False)` turns any well-framed chunk into a batch of the exact schema, one row
+  per record; `strict=True` raises DataError naming the stream and the offset of the first message
+  `decode` rejects, and builds the same batch when there is none.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import cramjam
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from rstream._pyamqp.message import Properties
+from rstream.amqp import AMQPMessage
+
+from pyspark_rmqs import codec
+from pyspark_rmqs.batches import BatchBuilder
+from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.schema import METADATA_FIELDS, source_arrow_schema
+
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+CHUNK_TS = 1_700_000_000_000
+STREAM = "fuzz-stream"
+
+
+def entry(m: bytes) -> bytes:
+    return struct.pack(">I", len(m)) + m
+
+
+COMPRESSORS: dict[str, tuple[int, Callable[[bytes], bytes]]] = {
+    "none": (0, lambda d: d),
+    "gzip": (1, gzip.compress),
+    "snappy-raw": (2, lambda d: bytes(cramjam.snappy.compress_raw(d))),
+    "snappy-framed": (2, lambda d: bytes(cramjam.snappy.compress(d))),
+    "lz4-block": (3, lambda d: bytes(cramjam.lz4.compress_block(d, store_size=False))),
+    "lz4-frame": (3, lambda d: bytes(cramjam.lz4.compress(d))),
+    "zstd": (4, lambda d: bytes(cramjam.zstd.compress(d))),
+}
+
+
+def sub_entry(messages: list[bytes], compression: str) -> bytes:
+    code, compress = COMPRESSORS[compression]
+    raw = b"".join(entry(m) for m in messages)
+    data = compress(raw)
+    return struct.pack(">BHII", 0x80 | (code << 4), len(messages), len(raw), len(data)) + data
+
+
+# --------------------------------------------------------------------------- valid messages
+
+
+def _rs(**kwargs: Any) -> bytes:
+    return bytes(AMQPMessage(**kwargs))
+
+
+UID = uuid.UUID("12345678-1234-5678-1234-567812345678")
+SAMPLES: list[bytes] = [
+    codec.encode(b""),
+    codec.encode(b"x" * 300),
+    codec.encode(b"body", {"message_id": "m", "creation_time": 1_700_000_000_000, "group_sequence": 3}),
+    codec.encode(b"b", None, {"routing_key": "rk", "n": 1}, {"x-opt": 2.5, "x-b": True}),
+    _rs(
+        body=b"rs",
+        properties=Properties(message_id=UID, user_id=b"u", correlation_id=2**40, creation_time=5),
+        application_properties={"k": "v", "big": 2**40, "none": None, "u": UID, "bin": b"\xff"},
+        message_annotations={"x-a": 1},
+    ),
+    _rs(value="a string value"),
+    _rs(value=b"binary value"),
+    _rs(value=12345),
+    b"\x00\x53\x75\xa0\x01a\x00\x53\x75\xa0\x01b",  # two data sections
+    b"\x00\x53\x70\x45" + codec.encode(b"h"),  # empty header list, then data
+    codec.encode(b"f") + b"\x00\x53\x78\xc1\x01\x00",  # data, then an empty footer map
+    b"\x00\xa3\x10amqp:data:binary\xa0\x02hi",  # symbolic descriptor
+    b"\x00\x80\x00\x00\x00\x00\x00\x00\x00\x75\xa0\x02hi",  # ulong descriptor
+]
+
+_props = st.fixed_dictionaries(
+    {},
+    optional={
+        "message_id": st.text(max_size=20),
+        "user_id": st.binary(max_size=8),
+        "subject": st.text(max_size=20),
+        "correlation_id": st.text(max_size=20),
+        "content_type": st.text(max_size=10),
+        "creation_time": st.integers(min_value=0, max_value=2**42),
+        "absolute_expiry_time": st.integers(min_value=0, max_value=2**42),
+        "group_sequence": st.integers(min_value=0, max_value=2**32 - 1),
+        "group_id": st.text(max_size=10),
+    },
+)
+_app_values = st.one_of(
+    st.text(max_size=30), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.booleans(), st.none()
+)
+encoded = st.builds(
+    codec.encode,
+    st.binary(max_size=300),
+    _props,
+    st.dictionaries(st.text(max_size=10), _app_values, max_size=5),
+    st.dictionaries(st.text(max_size=10), _app_values, max_size=5),
+)
+valid_messages = st.one_of(encoded, st.sampled_from(SAMPLES))
+
+# Type codes worth planting: descriptors, section codes, fixed and variable widths, compounds.
+CODES = [0x00, 0x40, 0x45, 0x53, 0x56, 0x70, 0x73, 0x75, 0x77, 0x80, 0x83, 0x98]
+CODES += [0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0, 0xFF]
+
+
+@st.composite
+def mutated(draw: st.DrawFn, base: st.SearchStrategy[bytes]) -> bytes:
+    """A valid message (from `base`) after one to four random mutations."""
+    data = bytearray(draw(base))
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        op = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "plant"]))
+        if op == "truncate":
+            data = data[: draw(st.integers(min_value=0, max_value=len(data)))]
+        elif op == "insert":
+            at = draw(st.integers(min_value=0, max_value=len(data)))
+            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif not data:
+            continue
+        elif op == "flip":
+            at = draw(st.integers(min_value=0, max_value=len(data) - 1))
+            data[at] ^= 1 << draw(st.integers(min_value=0, max_value=7))
+        elif op == "delete":
+            at = draw(st.integers(min_value=0, max_value=len(data) - 1))
+            del data[at : at + draw(st.integers(min_value=1, max_value=8))]
+        else:
+            at = draw(st.integers(min_value=0, max_value=len(data) - 1))
+            data[at] = draw(st.sampled_from(CODES))
+    return bytes(data)
+
+
+any_message = st.one_of(mutated(valid_messages), valid_messages, st.binary(max_size=200))
+
+
+def decodes(m: bytes) -> bool:
+    try:
+        codec.decode(memoryview(m))
+    except ValueError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- decode and bodies
+
+
+def _decode_only_value_error(m: bytes) -> None:
+    try:
+        d = codec.decode(memoryview(m))
+    except ValueError:
+        return
+    assert isinstance(d.body, bytes)
+    assert d.properties is None or isinstance(d.properties, list)
+    for section in (d.application_properties, d.message_annotations):
+        assert section is None or isinstance(section, dict)
+
+
+@FUZZ
+@given(st.binary(max_size=400))
+@example(b"\x00\x53\x77\xc1\x03\x02\x45\x40")  # amqp-value: a map whose key is a list
+@example(b"\x00\x53\x74\xc1\x03\x02\x40\x40")  # application-properties with a null key
+@example(b"\x00\x53\x72\xc1\x09\x02\xa3\x01k\x73\x00\x00\xd8\x00")  # char: a lone surrogate
+@example(b"\x00\x53\x72\xc1\x09\x02\xa3\x01k\x73\xff\xff\xff\xff")  # char: beyond Unicode
+def test_decode_random_bytes_raises_only_value_error(raw: bytes) -> None:
+    _decode_only_value_error(raw)
+
+
+@FUZZ
+@given(mutated(valid_messages))
+def test_decode_mutated_messages_raises_only_value_error(m: bytes) -> None:
+    _decode_only_value_error(m)
+
+
+def test_decode_valid_samples() -> None:
+    for m in SAMPLES:
+        assert decodes(m), m
+
+
+@FUZZ
+@given(st.lists(any_message, max_size=8))
+@example([b"\x00\x53\x77\xc1\x03\x02\x45\x40"])
+def test_bodies_never_raises(records: list[bytes]) -> None:
+    out = codec.bodies([memoryview(r) for r in records])
+    assert len(out) == len(records)
+    assert all(isinstance(body, bytes) for body in out)
+    for raw, body in zip(records, out, strict=True):
+        if decodes(raw):  # a valid message: the body `decode` finds
+            assert body == codec.decode(memoryview(raw)).body
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+@st.composite
+def chunks(
+    draw: st.DrawFn, messages: st.SearchStrategy[bytes] = any_message
+) -> tuple[bytes, int, list[bytes]]:
+    """(chunk data, number of entries, the messages in offset order): simple entries and sub-entry batches."""
+    parts: list[bytes] = []
+    records: list[bytes] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=5))):
+        if draw(st.booleans()):
+            m = draw(messages)
+            parts.append(entry(m))
+            records.append(m)
+        else:
+            batch = draw(st.lists(messages, min_size=1, max_size=4))
+            parts.append(sub_entry(batch, draw(st.sampled_from(list(COMPRESSORS)))))
+            records.extend(batch)
+    return b"".join(parts), len(parts), records
+
+
+@FUZZ
+@given(chunks(), st.data())
+def test_well_framed_chunks_never_raise(chunk: tuple[bytes, int, list[bytes]], data: st.DataObject) -> None:
+    raw, entries, records = chunk
+    assert [bytes(r) for r in codec.chunk_records(raw, entries)] == records
+    skip = data.draw(st.integers(min_value=0, max_value=len(records)))
+    take = data.draw(st.integers(min_value=0, max_value=len(records) - skip))
+    want = codec.bodies([memoryview(m) for m in records[skip : skip + take]])
+    assert codec.chunk_bodies(raw, entries, skip, take) == want
+
+
+@st.composite
+def corrupt_chunks(draw: st.DrawFn) -> tuple[bytes, int, int]:
+    """(mutated chunk data, the original number of entries and of records)."""
+    raw, entries, records = draw(chunks(valid_messages))
+    return draw(mutated(st.just(raw))), entries, len(records)
+
+
+@FUZZ
+@given(corrupt_chunks(), st.data())
+@example((b"\x00\x00\x00\x0a\x00\x53\x75\xa0", 1, 1), None)  # a record cut right after its section header
+@example((struct.pack(">BHII", 0xB0, 1, 2**32 - 1, 3) + b"\x10ab", 1, 1), None)  # lz4 claiming 4 GiB
+@example((struct.pack(">BHII", 0xC0, 1, 2**32 - 1, 6) + b"\x28\xb5\x2f\xfd\x00\x00", 1, 1), None)  # zstd
+@example((struct.pack(">BHII", 0xA0, 1, 9, 6) + b"\xff\xff\xff\xff\x0f\x00", 1, 1), None)  # snappy raw
+def test_corrupt_chunks_raise_only_value_or_data_error(
+    chunk: tuple[bytes, int, int], data: st.DataObject | None
+) -> None:
+    raw, entries, n = chunk
+    try:
+        codec.chunk_records(raw, entries)
+    except (ValueError, DataError):
+        pass
+    skip, take = 0, n
+    if data is not None:
+        skip = data.draw(st.integers(min_value=0, max_value=n))
+        take = data.draw(st.integers(min_value=0, max_value=n - skip))
+    try:
+        out = codec.chunk_bodies(raw, entries, skip, take)
+    except (ValueError, DataError):
+        return
+    assert all(isinstance(b, bytes) for b in out)
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [(0xB0, b"\x10ab"), (0xA0, b"\xff\xff\xff\xff\x0f\x00")],
+    ids=["lz4-block", "snappy-raw"],
+)
+def test_sub_entry_claiming_an_impossible_size_is_refused_before_allocating(
+    kind: int, payload: bytes
+) -> None:
+    """A failed allocation in the decompressor aborts the process (e.g. under PySpark's memory limit)."""
+    raw = struct.pack(">BHII", kind, 1, 2**32 - 1, len(payload)) + payload
+    with pytest.raises(DataError, match="claims 4294967295 uncompressed bytes"):
+        codec.chunk_records(raw, 1)
+
+
+def test_corrupt_chunk_in_batch_builder_names_stream_and_offset() -> None:
+    raw = entry(codec.encode(b"a")) + b"\x00\x00"  # the second entry's size is cut
+    for fields in ((), METADATA_FIELDS):
+        b = BatchBuilder(STREAM, fields)
+        with pytest.raises(DataError, match=r"chunk at offset 100 of stream 'fuzz-stream': corrupt chunk"):
+            b.add_chunk(raw, 2, 0, 2, 100, CHUNK_TS)
+        assert b.flush() is None  # nothing half-added
+    fewer = entry(codec.encode(b"a")) + sub_entry([codec.encode(b"b")], "gzip")  # 2 records, 3 announced
+    for fields in ((), METADATA_FIELDS):
+        with pytest.raises(DataError, match="it holds 2 of the 3 records asked for"):
+            BatchBuilder(STREAM, fields).add_chunk(fewer, 2, 0, 3, 7, CHUNK_TS)
+
+
+# --------------------------------------------------------------------------- BatchBuilder
+
+
+field_sets = st.sampled_from(
+    [(), METADATA_FIELDS, ("properties",), ("application_properties", "routing_key")]
+)
+
+
+@FUZZ
+@given(chunks(), field_sets, st.integers(min_value=0, max_value=2**40), st.data())
+def test_batch_builder_lenient_never_raises(
+    chunk: tuple[bytes, int, list[bytes]], fields: tuple[str, ...], first: int, data: st.DataObject
+) -> None:
+    raw, entries, records = chunk
+    skip = data.draw(st.integers(min_value=0, max_value=len(records)))
+    take = data.draw(st.integers(min_value=0, max_value=len(records) - skip))
+    b = BatchBuilder(STREAM, fields, strict=False)
+    b.add_chunk(raw, entries, skip, take, first, CHUNK_TS)
+    batch = b.flush()
+    if take == 0:
+        assert batch is None
+        return
+    assert batch is not None
+    assert batch.schema == source_arrow_schema(fields)
+    assert batch.num_rows == take
+    assert batch.column("offset").to_pylist() == list(range(first, first + take))
+    taken = records[skip : skip + take]
+    values = batch.column("value").to_pylist()
+    if fields:  # full decoding: a message decode rejects is read as its raw bytes
+        for m, v in zip(taken, values, strict=True):
+            assert v == (codec.decode(memoryview(m)).body if decodes(m) else m)
+    else:
+        assert values == codec.bodies([memoryview(m) for m in taken])
+
+
+@FUZZ
+@given(chunks(), st.integers(min_value=0, max_value=2**40))
+def test_batch_builder_strict_names_the_first_bad_offset(
+    chunk: tuple[bytes, int, list[bytes]], first: int
+) -> None:
+    raw, entries, records = chunk
+    b = BatchBuilder(STREAM, METADATA_FIELDS, strict=True)
+    b.add_chunk(raw, entries, 0, len(records), first, CHUNK_TS)
+    bad = [i for i, m in enumerate(records) if not decodes(m)]
+    if not bad:
+        batch = b.flush()
+        assert batch is not None and batch.num_rows == len(records)
+        return
+    with pytest.raises(DataError) as info:
+        b.flush()
+    msg = str(info.value)
+    assert f"offset {first + bad[0]} " in msg
+    assert f"'{STREAM}'" in msg
+
+
+def test_strict_and_lenient_agree_on_a_known_bad_message() -> None:
+    good, bad = codec.encode(b"ok", {"message_id": "m"}), b"\x00\x53\x77\xc1\x03\x02\x45\x40"
+    raw = entry(good) + entry(bad) + entry(good)
+    lenient = BatchBuilder(STREAM, METADATA_FIELDS)
+    lenient.add_chunk(raw, 3, 0, 3, 40, CHUNK_TS)
+    batch = lenient.flush()
+    assert batch is not None
+    assert batch.column("value").to_pylist() == [b"ok", bad, b"ok"]
+    assert batch.column("properties").is_null().to_pylist() == [False, True, False]
+    strict = BatchBuilder(STREAM, METADATA_FIELDS, strict=True)
+    strict.add_chunk(raw, 3, 0, 3, 40, CHUNK_TS)
+    with pytest.raises(DataError, match=r"offset 41 of stream 'fuzz-stream'"):
+        strict.flush()
