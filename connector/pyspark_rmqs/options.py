@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -42,30 +43,8 @@ __all__ = [
     "parse_source_options",
 ]
 
-METADATA_FIELDS: tuple[str, ...] = (
-    "properties",
-    "application_properties",
-    "message_annotations",
-    "creation_time",
-    "routing_key",
-)
-"""Optional source columns that `metadataFields` toggles, in schema order."""
-
-PROPERTIES_FIELDS: tuple[str, ...] = (
-    "message_id",
-    "user_id",
-    "to",
-    "subject",
-    "reply_to",
-    "correlation_id",
-    "content_type",
-    "content_encoding",
-    "absolute_expiry_time",
-    "creation_time",
-    "group_id",
-    "group_sequence",
-    "reply_to_group_id",
-)
+# One definition of the columns, in schema.py; re-exported here for option validation.
+PROPERTIES_FIELDS: tuple[str, ...] = PROPERTY_NAMES
 """Fields of the AMQP 1.0 `properties` struct (SPEC "AMQP properties struct")."""
 
 DEFAULT_PORT = 5552
