@@ -9,8 +9,8 @@ sockets and the loop thread do not survive a fork. All methods run on one event 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -99,13 +99,15 @@ async def _close(client: RmqsClient) -> None:
         pass
 
 
-_pools: dict[tuple[int, int], ConnectionPool] = {}
+# One pool per event loop, dropped with its loop (an id() could be reused by a later loop, whose
+# sockets would then be mixed up with a closed loop's). A forked child has other loops.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ConnectionPool] = weakref.WeakKeyDictionary()
 
 
 def get_pool() -> ConnectionPool:
-    """The pool of this process and of the running loop (the loop thread, or a trigger's loop)."""
-    key = (os.getpid(), id(asyncio.get_running_loop()))
-    pool = _pools.get(key)
+    """The pool of the running loop (the loop thread, or a trigger's loop)."""
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
     if pool is None:
-        pool = _pools[key] = ConnectionPool()
+        pool = _pools[loop] = ConnectionPool()
     return pool

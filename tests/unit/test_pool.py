@@ -1,0 +1,63 @@
+"""The connection pool: reuse, idle eviction, and a fresh pool per process and loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pyspark_rmqs.broker import pool as pool_module
+from pyspark_rmqs.broker.pool import ConnectionPool, get_pool
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.alive = True
+        self.closed = False
+
+    def is_connection_alive(self) -> bool:
+        return self.alive
+
+    async def close(self) -> None:
+        self.closed = True
+        self.alive = False
+
+
+class Conn:
+    def cache_key(self) -> tuple[str, ...]:
+        return ("h", "u")
+
+
+def test_acquire_reuses_released_connections_and_evicts_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    made: list[FakeClient] = []
+
+    async def fake_connect(conn: object, name: str = "rmqs") -> FakeClient:
+        made.append(FakeClient())
+        return made[-1]
+
+    monkeypatch.setattr(pool_module, "connect", fake_connect)
+
+    async def scenario() -> None:
+        pool = ConnectionPool()
+        a = await pool.acquire(Conn())
+        pool.release(Conn(), a)  # type: ignore[arg-type]
+        b = await pool.acquire(Conn())
+        assert b is a and len(made) == 1  # reused
+        pool.release(Conn(), b)  # type: ignore[arg-type]
+        assert await pool.evict_idle(now=10**9) == 1 and a.closed  # idle too long: closed
+        c = await pool.acquire(Conn())
+        assert c is not a and len(made) == 2
+        c.alive = False  # a dead connection is never handed out again
+        pool.release(Conn(), c)  # type: ignore[arg-type]
+        d = await pool.acquire(Conn())
+        assert d is not c
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_pool_is_per_process_and_loop() -> None:
+    async def one() -> ConnectionPool:
+        return get_pool()
+
+    p1 = asyncio.run(one())
+    p2 = asyncio.run(one())
+    assert p1 is not p2  # another loop (a forked child has other loops too): never share sockets
