@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup java test test-unit lint broker-up broker-down broker-status demo bench docs clean
+.PHONY: setup java test test-unit lint broker-up broker-down broker-status demo bench docs lock clean
 
 setup: java $(STAMP)
 
@@ -17,7 +17,7 @@ setup: java $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,dev]'
+	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,connect,dev]'
 	@# PYTHONDONTWRITEBYTECODE may be set: compile once here, or every Spark worker pays ~2 s for pandas.
 	@$(PY) -m compileall -q -j0 $(VENV)/lib >/dev/null 2>&1 || true
 	@touch $@
@@ -56,6 +56,11 @@ bench: setup broker-up
 	$(PY) -m bench.writer
 	$(PY) -m bench.spark_read
 	$(PY) -m bench.spark_write
+
+# Re-resolve the locked versions after changing dependencies in pyproject.toml.
+lock:
+	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra connect --extra dev \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
