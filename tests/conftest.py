@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -76,6 +77,8 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+    # py4j logs its shutdown after pytest closed the captured streams: keep that out of the output.
+    logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -323,8 +323,10 @@ def broker_down() -> None:
 
 @broker_app.command("status")
 def broker_status() -> None:
-    """Is the local broker running?"""
-    _broker("status")
+    """Is the local broker running? (exit code 3 when it is not)"""
+    proc = subprocess.run(["bash", str(_broker_script()), "status"], capture_output=True, text=True)
+    typer.echo((proc.stdout + proc.stderr).strip())
+    raise typer.Exit(proc.returncode)
 
 
 @app.command()
