@@ -107,10 +107,9 @@ class BatchBuilder:
         apps: list[dict[Any, Any] | None] = []
         anns: list[dict[Any, Any] | None] = []
         for i, m in enumerate(self.records):
-            n = len(m)
-            # Fast path: a message that is one small data section has no metadata to decode.
-            if n > 4 and m[0] == 0x00 and m[1] == 0x53 and m[2] == 0x75 and m[3] == 0xA0 and m[4] + 5 == n:
-                values.append(bytes(m[5:]))
+            body = codec.small_data_body(m)
+            if body is not None:  # one data section: no metadata to decode
+                values.append(body)
                 props.append(None)
                 apps.append(None)
                 anns.append(None)

@@ -133,7 +133,7 @@ def offsets(
                     "stream": s,
                     "first_chunk_id": st.first_chunk_id,
                     "committed_chunk_id": st.committed_chunk_id,
-                    "first_offset": client.first_offset(s),
+                    "first_offset": st.first_offset,
                     "tail": client.tail(s),
                 }
             )

@@ -331,6 +331,14 @@ class Timestamp(int):
     """An AMQP timestamp: epoch milliseconds, kept apart from plain integers."""
 
 
+def small_data_body(m: memoryview) -> bytes | None:
+    """The body of a message that is exactly one small data section (what most producers send)."""
+    n = len(m)
+    if n > 4 and m[0] == 0x00 and m[1] == 0x53 and m[2] == 0x75 and m[3] == 0xA0 and m[4] + 5 == n:
+        return bytes(m[5:])
+    return None
+
+
 def bodies(records: Sequence[memoryview]) -> list[bytes]:
     """Only the body of each message: data sections (joined), or an amqp-value of binary or string.
 
@@ -339,16 +347,9 @@ def bodies(records: Sequence[memoryview]) -> list[bytes]:
     out: list[bytes] = []
     append = out.append
     for m in records:
-        # Fast path: a message that is exactly one small data section (what most producers send).
-        if (
-            len(m) > 4
-            and m[0] == 0x00
-            and m[1] == 0x53
-            and m[2] == 0x75
-            and m[3] == 0xA0
-            and m[4] + 5 == len(m)
-        ):
-            append(bytes(m[5:]))
+        body = small_data_body(m)
+        if body is not None:
+            append(body)
             continue
         try:
             append(_body(m))

@@ -726,20 +726,27 @@ def _metadata_fields(r: _Reader) -> tuple[str, ...]:
     return tuple(field for field in METADATA_FIELDS if field in wanted)
 
 
+def _offsets_kind(
+    r: _Reader, name: str, values: tuple[str, ...], default: str, *, starting: bool
+) -> tuple[str, dict[str, int] | None]:
+    """`startingOffsets` / `endingOffsets`: one of `values`, or "json" with the parsed object."""
+    raw = r.text(name)
+    if raw is None:
+        return default, None
+    if raw.startswith("{"):
+        return "json", _offsets_json(name, raw, starting=starting)
+    if raw.lower() in values:
+        return raw.lower(), None
+    raise _err(
+        f"option '{name}' must be one of {', '.join(values)} or a JSON "
+        f'object like {{"orders-0": 1200}}; got {_show(raw)}'
+    )
+
+
 def _starting(r: _Reader, stream: str | None) -> dict[str, Any]:
-    raw = r.text("startingOffsets")
-    kind: str = "earliest"
-    offsets_json: dict[str, int] | None = None
-    if raw is not None:
-        if raw.startswith("{"):
-            kind, offsets_json = "json", _offsets_json("startingOffsets", raw, starting=True)
-        elif raw.lower() in STARTING_OFFSETS_VALUES:
-            kind = raw.lower()
-        else:
-            raise _err(
-                f"option 'startingOffsets' must be one of {', '.join(STARTING_OFFSETS_VALUES)} or a JSON "
-                f'object like {{"orders-0": 1200}}; got {_show(raw)}'
-            )
+    kind, offsets_json = _offsets_kind(
+        r, "startingOffsets", STARTING_OFFSETS_VALUES, "earliest", starting=True
+    )
     offset = r.integer("startingOffset", None, 0)
     timestamp = r.integer("startingTimestamp", None, 0)
     if kind == "offset" and offset is None:
@@ -771,19 +778,7 @@ def _ending(r: _Reader, stream: str | None, streaming: bool) -> dict[str, Any]:
                     f"(spark.readStream); use spark.read for a bounded read"
                 )
         return {"ending_offsets": None, "ending_offset": None, "ending_offsets_json": None}
-    raw = r.text("endingOffsets")
-    kind: str = "latest"
-    offsets_json: dict[str, int] | None = None
-    if raw is not None:
-        if raw.startswith("{"):
-            kind, offsets_json = "json", _offsets_json("endingOffsets", raw, starting=False)
-        elif raw.lower() in ENDING_OFFSETS_VALUES:
-            kind = raw.lower()
-        else:
-            raise _err(
-                f"option 'endingOffsets' must be one of {', '.join(ENDING_OFFSETS_VALUES)} or a JSON "
-                f'object like {{"orders-0": 1200}}; got {_show(raw)}'
-            )
+    kind, offsets_json = _offsets_kind(r, "endingOffsets", ENDING_OFFSETS_VALUES, "latest", starting=False)
     offset = r.integer("endingOffset", None, 0)
     if kind == "offset" and offset is None:
         raise _err("option 'endingOffset' (an integer >= 0) is required when endingOffsets=offset")

@@ -70,12 +70,11 @@ def bounds(client: BrokerClient, streams: Iterable[str], fail_on_data_loss: bool
     """First offsets and tails; a partition that vanished is data loss (skipped when allowed)."""
     first: dict[str, int] = {}
     tail: dict[str, int] = {}
-    for s in streams:
-        try:
-            first[s] = client.first_offset(s)
-            tail[s] = client.tail(s)
-        except StreamNotFoundError:
+    for s, found in client.bounds(streams).items():
+        if found is None:
             report_data_loss(fail_on_data_loss, f"partition stream '{s}' no longer exists")
+        else:
+            first[s], tail[s] = found
     return Bounds(first, tail)
 
 

@@ -96,9 +96,7 @@ async def awatermarks(
         streams = [name]
 
     async def one(s: str) -> PartitionWatermark:
-        first, tail, stored = await asyncio.gather(
-            client.first_offset(s), client.tail(s), client.stored_offset(consumer, s)
-        )
+        (first, tail), stored = await asyncio.gather(client.bounds(s), client.stored_offset(consumer, s))
         return PartitionWatermark(s, first, tail, stored)
 
     sem = asyncio.Semaphore(16)

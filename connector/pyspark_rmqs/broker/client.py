@@ -41,6 +41,11 @@ class StreamStats:
     def is_empty(self) -> bool:
         return self.committed_chunk_id < 0
 
+    @property
+    def first_offset(self) -> int:
+        """The first offset still in the stream (retention moves it forward); 0 for an empty stream."""
+        return max(0, self.first_chunk_id)
+
 
 def parse_version(text: str) -> tuple[int, int, int]:
     parts = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in text.split(".")[:3]]
@@ -101,11 +106,18 @@ class AsyncBrokerClient:
 
     async def first_offset(self, stream: str) -> int:
         """The first offset still in the stream (retention moves it forward); 0 for an empty stream."""
-        return max(0, (await self.stats(stream)).first_chunk_id)
+        return (await self.stats(stream)).first_offset
 
     async def tail(self, stream: str) -> int:
         """The offset after the last user message: exact, even when offset-tracking entries follow it."""
+        return await self._tail(stream, await self.stats(stream))
+
+    async def bounds(self, stream: str) -> tuple[int, int]:
+        """(first offset, tail) from one StreamStats call."""
         st = await self.stats(stream)
+        return st.first_offset, await self._tail(stream, st)
+
+    async def _tail(self, stream: str, st: StreamStats) -> int:
         if st.committed_offset is not None:
             return st.committed_offset + 1
         if st.is_empty:
@@ -286,6 +298,20 @@ class BrokerClient:
     def message_sizes(self) -> dict[str, float]:
         """Average message size per stream, from the last chunk each tail probe saw."""
         return dict(self.aio.message_size)
+
+    def bounds(self, streams: Iterable[str]) -> dict[str, tuple[int, int] | None]:
+        """(first offset, tail) per stream, concurrently; None for a stream that does not exist."""
+
+        async def one(s: str) -> tuple[int, int] | None:
+            try:
+                return await self.aio.bounds(s)
+            except StreamNotFoundError:
+                return None
+
+        async def all_bounds(names: list[str]) -> dict[str, tuple[int, int] | None]:
+            return dict(zip(names, await asyncio.gather(*(one(s) for s in names)), strict=True))
+
+        return self._run(all_bounds(list(streams)), "bounds")
 
     def tails(self, streams: Iterable[str]) -> dict[str, int]:
         async def all_tails(names: list[str]) -> dict[str, int]:

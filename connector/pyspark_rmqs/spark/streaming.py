@@ -94,7 +94,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     def initialOffset(self) -> dict[str, int]:
         """No checkpoint yet: the broker-stored offsets of `consumerName`, else `startingOffsets`."""
         firsts, tails = self.meta.refresh(force=True)
-        b = _bounds(firsts, tails)
+        b = Bounds(dict(firsts), dict(tails))
         configured = starting_offsets(self.meta.client, self.opts, b)
         if self.opts.consumer_name:
             # Lookup errors (authentication, connection) fail: an explicit name must not be ignored.
@@ -252,7 +252,3 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark adds an InputPartition(None) to an empty plan
             yield from read_partition(self.opts, partition)
-
-
-def _bounds(firsts: dict[str, int], tails: dict[str, int]) -> Bounds:
-    return Bounds(dict(firsts), dict(tails))
