@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real local RabbitMQ 4.0 broker for rmqs: up | down | status | tls-dir | ctl ARGS | streams ARGS
+# A real local RabbitMQ 4.0 broker for rmqs: up | down | restart | status | tls-dir | ctl ARGS | streams ARGS
 #
 # Debian 13 hosts use the distribution's rabbitmq-server. Debian 12 hosts (whose package is 3.10:
 # no super streams, no StreamStats) run Debian trixie's package inside a debootstrap chroot that is
@@ -315,10 +315,11 @@ cmd_tls_dir() {
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
+    restart) cmd_down; cmd_up ;;  # a real process restart (the fault-injection tests use it)
     status) cmd_status ;;
     tls-dir) cmd_tls_dir ;;
     ctl) shift; as_rabbit rabbitmqctl "$@" ;;
     streams) shift; as_rabbit rabbitmq-streams "$@" ;;
     plugins) shift; as_rabbit rabbitmq-plugins "$@" ;;
-    *) echo "usage: $0 up|down|status|tls-dir|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|restart|status|tls-dir|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
 esac

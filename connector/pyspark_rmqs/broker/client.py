@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,7 +20,8 @@ from rstream.constants import OffsetType
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
-from pyspark_rmqs.errors import BrokerTimeoutError, StreamNotFoundError
+from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
+from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -53,23 +54,54 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 class AsyncBrokerClient:
-    """Metadata, tails and stored offsets of streams and super streams, on the running loop."""
+    """Metadata, tails and stored offsets of streams and super streams, on the running loop.
 
-    def __init__(self, conn: Any, request_timeout_s: float = 30.0) -> None:
+    Each call waits out a broker restart (see `recovery.py`) once this process has reached the
+    broker, or always when `patient` (executors: the driver reached the broker when it planned).
+    """
+
+    def __init__(self, conn: Any, request_timeout_s: float = 30.0, *, patient: bool = False) -> None:
         self.conn = conn
         self.timeout = request_timeout_s
+        self.patient = patient
         self.message_size: dict[str, float] = {}  # average bytes per message of the last chunk seen
 
     async def _locator(self) -> RmqsClient:
         return await get_pool().locator(self.conn)
 
+    async def _retry(self, what: str, attempt: Callable[[], Awaitable[R]]) -> R:
+        backoff: Backoff | None = None
+        while True:
+            try:
+                return await attempt()
+            except Exception as e:
+                err = as_transient(e, what)
+                if err is None:
+                    raise
+                if not (self.patient or get_pool().reached(self.conn)):
+                    if err is e:
+                        raise
+                    raise err from e
+                backoff = backoff or Backoff()
+                delay = backoff.next_delay()
+                if delay is None:
+                    raise BrokerUnavailableError(
+                        f"{what}: the broker did not come back within {RECOVERY_WINDOW_S:.0f} s ({err})"
+                    ) from e
+                if backoff.attempts == 1:
+                    log.warning("%s; retrying for up to %.0f s", err, RECOVERY_WINDOW_S)
+                await asyncio.sleep(delay)
+
     async def _call(self, what: str, coro_fn: Any) -> Any:
-        client = await self._locator()
-        try:
-            return await asyncio.wait_for(coro_fn(client), self.timeout)
-        except TimeoutError as e:
-            await get_pool().drop_locator(self.conn)
-            raise BrokerTimeoutError(f"{what}: no answer from the broker within {self.timeout:.0f} s") from e
+        async def once() -> Any:
+            client = await self._locator()
+            try:
+                return await asyncio.wait_for(coro_fn(client), self.timeout)
+            except TimeoutError as e:
+                await get_pool().drop_locator(self.conn)
+                raise BrokerTimeoutError(f"{what}: no answer from the broker") from e
+
+        return await self._retry(what, once)
 
     async def broker_version(self) -> str:
         client = await self._locator()
@@ -130,6 +162,9 @@ class AsyncBrokerClient:
 
     async def _probe_last_chunk(self, stream: str) -> Chunk | None:
         """Subscribe at `last` (the last user chunk) with one credit and read its header."""
+        return await self._retry(f"tail of '{stream}'", lambda: self._probe_last_chunk_once(stream))
+
+    async def _probe_last_chunk_once(self, stream: str) -> Chunk | None:
         client = await self._locator()
         sub = client.alloc_subscription_id()
         got: asyncio.Future[Chunk] = asyncio.get_running_loop().create_future()
@@ -162,6 +197,10 @@ class AsyncBrokerClient:
 
     async def offset_for_timestamp(self, stream: str, timestamp_ms: int) -> int:
         """The first offset of the first chunk at or after `timestamp_ms`; the tail when there is none."""
+        what = f"offset of '{stream}' at {timestamp_ms}"
+        return await self._retry(what, lambda: self._offset_for_timestamp_once(stream, timestamp_ms))
+
+    async def _offset_for_timestamp_once(self, stream: str, timestamp_ms: int) -> int:
         client = await self._locator()
         sub = client.alloc_subscription_id()
         got: asyncio.Future[Chunk] = asyncio.get_running_loop().create_future()
@@ -267,8 +306,8 @@ class AsyncBrokerClient:
 class BrokerClient:
     """The same calls, synchronous, on the process's broker loop thread."""
 
-    def __init__(self, conn: Any, request_timeout_s: float = 30.0) -> None:
-        self.aio = AsyncBrokerClient(conn, request_timeout_s)
+    def __init__(self, conn: Any, request_timeout_s: float = 30.0, *, patient: bool = False) -> None:
+        self.aio = AsyncBrokerClient(conn, request_timeout_s, patient=patient)
         self._timeout = request_timeout_s * 4
 
     def _run(self, coro: Coroutine[Any, Any, R], what: str) -> R:

@@ -26,6 +26,7 @@ class ConnectionPool:
         self._idle: dict[Any, list[tuple[float, RmqsClient]]] = defaultdict(list)
         self._locks: dict[Any, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
+        self._reached: set[Any] = set()  # settings this process has connected with at least once
 
     async def locator(self, conn: Any) -> RmqsClient:
         """The shared metadata connection for these settings, reopened when it died."""
@@ -35,6 +36,7 @@ class ConnectionPool:
             if client is None or not client.is_connection_alive():
                 client = await connect(conn, "rmqs-locator")
                 self._locators[key] = client
+                self._reached.add(key)
             self._start_reaper()
             return client
 
@@ -52,7 +54,13 @@ class ConnectionPool:
                 return client
             await _close(client)
         self._start_reaper()
-        return await connect(conn, name)
+        client = await connect(conn, name)
+        self._reached.add(conn.cache_key())
+        return client
+
+    def reached(self, conn: Any) -> bool:
+        """True once a connection with these settings succeeded: later failures are worth waiting out."""
+        return conn.cache_key() in self._reached
 
     def release(self, conn: Any, client: RmqsClient) -> None:
         if client.is_connection_alive():

@@ -6,7 +6,9 @@ delivered chunks reach `end`, so memory is bounded by the queue and the credits,
 range. The reader works per chunk: it never builds an object per message.
 
 Waiting is bounded twice: `poll_timeout_ms` without any chunk, or `max_wait_ms` for the whole
-read, fails the read (a range is never silently shortened). A range whose last offsets are not
+read, fails the read (a range is never silently shortened). A lost connection (a broker restart)
+resubscribes at the next offset to emit, waiting for the broker as `recovery.py` says; rows already
+emitted are never emitted again. A range whose last offsets are not
 user messages (offset-tracking entries) or whose chunks the broker skips (filtering) ends as soon
 as the broker has nothing more to send and the stream's tail shows nothing is missing.
 """
@@ -33,6 +35,7 @@ from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
+from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
 from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
@@ -41,7 +44,7 @@ _IDLE_CHECK_S = 0.25
 # With filtering, the broker skips chunks without a matching filter value and sends nothing: a
 # read whose range is fully written ends after this long without a chunk.
 _FILTER_IDLE_END_S = 2.0
-_MAX_RECONNECTS = 5
+_MAX_RECONNECTS = 5  # connection losses in a row without a single new message
 
 
 @dataclass
@@ -131,7 +134,8 @@ class RangeReader:
         deadline = time.monotonic() + self.s.max_wait_ms / 1000
         reconnects = 0
         while self.next_offset < self.end:
-            client, bridge = run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
+            client, bridge = self._subscribe_waiting(deadline)
+            resumed_at = self.next_offset
             try:
                 yield from self._drain(bridge, builder, deadline)
             except BrokerTimeoutError:
@@ -139,7 +143,7 @@ class RangeReader:
                 run_sync(self._close(client, bridge, reuse=False), 30)
                 raise
             except BrokerUnavailableError:
-                reconnects += 1
+                reconnects = 1 if self.next_offset > resumed_at else reconnects + 1
                 if reconnects > _MAX_RECONNECTS:
                     raise
                 log.warning(
@@ -235,9 +239,29 @@ class RangeReader:
         if run:
             builder.add(run, run_start, ts)
 
+    def _subscribe_waiting(self, deadline: float) -> tuple[RmqsClient, _Bridge]:
+        """Subscribe at `next_offset`, waiting out a restarting broker (never past maxWaitMs)."""
+        backoff: Backoff | None = None
+        while True:
+            try:
+                return run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
+            except Exception as e:
+                err = as_transient(e, f"subscribe to '{self.stream}'")
+                if err is None:
+                    raise
+                backoff = backoff or Backoff(deadline=deadline)
+                delay = backoff.next_delay()
+                if delay is None:
+                    raise BrokerUnavailableError(
+                        f"could not resume reading '{self.stream}' at offset {self.next_offset}: the broker "
+                        f"did not come back within {RECOVERY_WINDOW_S:.0f} s (or maxWaitMs) ({err})"
+                    ) from e
+                log.debug("subscribe to '%s' failed (%s); retrying in %.2f s", self.stream, err, delay)
+                time.sleep(delay)
+
     def _nothing_left(self, idle_s: float) -> bool:
         """True when no user message remains in [next_offset, end): the broker has nothing to send."""
-        aio = AsyncBrokerClient(self.conn)
+        aio = AsyncBrokerClient(self.conn, patient=True)
         tail = run_sync(aio.tail(self.stream), 30, f"tail of '{self.stream}'")
         if tail <= self.next_offset:
             stats = run_sync(aio.stats(self.stream), 30)

@@ -5,6 +5,13 @@ misroutes key routing and hashes differently from the Java and Go clients; see D
 encoded here in one buffer per batch. `send()` blocks while `max_in_flight` messages await
 confirms (up to `enqueue_timeout_ms`), and raises at once when any earlier message failed;
 `flush()` waits for every confirm (`confirm_timeout_ms`) and raises on any failure.
+
+A lost connection (a broker restart) or a stream whose leader moved reconnects the publisher (as
+`recovery.py` says) and re-sends, in order and with their publishing ids, the frames still awaiting
+a confirm (kept until confirmed: at most `max_in_flight` messages). With a producer name the broker
+drops those it had already stored, so nothing is duplicated; without one, the re-sent messages that
+had been stored before the connection dropped appear twice (at-least-once). A deleted stream, or a
+broker that does not come back in time, fails loudly.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +32,7 @@ from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
 from pyspark_rmqs.codec import COMPRESSION_CODES
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
@@ -93,22 +102,39 @@ class _Publisher:
     """One publisher on one partition stream; runs on the broker loop."""
 
     def __init__(
-        self, client: RmqsClient, stream: str, publisher_id: int, name: str | None, resume: bool = True
+        self,
+        client: RmqsClient,
+        stream: str,
+        publisher_id: int,
+        name: str | None,
+        resume: bool = True,
+        reconnect: Callable[[RmqsClient], Awaitable[RmqsClient]] | None = None,
     ) -> None:
         self.client = client
         self.stream = stream
         self.id = publisher_id
         self.name = name
         self.resume = resume
+        self.reconnect = reconnect  # a fresh connection in place of a dead one (None: fail instead)
         self.next_id = 1
         self.in_flight = 0
         self.sent = 0
         self.confirmed = 0
+        self.recoveries = 0
         self.failures: list[tuple[int, int]] = []
         self.gone: str | None = None
         self.changed = asyncio.Condition()
+        # (last publishing id, confirms expected, frame) of frames not yet fully confirmed, in order.
+        self.unconfirmed: deque[tuple[int, int, bytes]] = deque()
+        self.max_confirmed = 0
 
     async def start(self) -> None:
+        await self._attach()
+        if self.name and self.resume:
+            # Continue after the last publishing id the broker kept for this name.
+            self.next_id = await self.client.query_publisher_sequence(self.stream, self.name) + 1
+
+    async def _attach(self) -> None:
         self.client.confirm_sinks[self.id] = self._on_confirm
         self.client.add_handler(schema.PublishError, self._on_error, name=f"rmqs-pub-{self.id}")
         self.client.add_handler(schema.MetadataUpdate, self._on_metadata, name=f"rmqs-pub-{self.id}")
@@ -116,13 +142,66 @@ class _Publisher:
             await self.client.declare_publisher(self.stream, self.name, self.id)
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
-        if self.name and self.resume:
-            # Continue after the last publishing id the broker kept for this name.
-            self.next_id = await self.client.query_publisher_sequence(self.stream, self.name) + 1
+
+    def _detach(self) -> None:
+        self.client.confirm_sinks.pop(self.id, None)
+        self.client.remove_handler(schema.PublishError, f"rmqs-pub-{self.id}")
+        self.client.remove_handler(schema.MetadataUpdate, f"rmqs-pub-{self.id}")
+
+    @property
+    def broken(self) -> bool:
+        return self.gone is not None or not self.client.is_connection_alive()
+
+    async def recover(self) -> None:
+        """Reconnect, declare the publisher again and re-send every unconfirmed frame, in order."""
+        reason = self.gone or "connection to the broker lost"
+        unconfirmed = sum(n for _, n, _ in self.unconfirmed)
+        if self.reconnect is None:
+            raise PublishError(
+                f"{reason} publishing to '{self.stream}' with {unconfirmed} message(s) unconfirmed"
+            )
+        self.recoveries += 1
+        log.warning("%s publishing to '%s' (%d unconfirmed); reconnecting", reason, self.stream, unconfirmed)
+        backoff = Backoff()
+        while True:
+            self._detach()
+            try:
+                self.client = await self.reconnect(self.client)
+                self.gone = None
+                await self._attach()
+                break
+            except StreamNotFoundError as e:
+                raise PublishError(
+                    f"stream '{self.stream}' no longer exists: {unconfirmed} message(s) unconfirmed"
+                ) from e
+            except Exception as e:
+                err = as_transient(e, f"publish to '{self.stream}'")
+                delay = backoff.next_delay() if err is not None else None
+                if delay is None:
+                    raise PublishError(
+                        f"{reason} publishing to '{self.stream}' and the broker did not come back within "
+                        f"{RECOVERY_WINDOW_S:.0f} s: {unconfirmed} message(s) unconfirmed ({err or e})"
+                    ) from e
+                await asyncio.sleep(delay)
+        self.in_flight = unconfirmed
+        for _, _, frame in list(self.unconfirmed):
+            await self.client.send_raw(frame)
+        log.warning(
+            "reconnected to '%s'; re-sent %d unconfirmed message(s)%s",
+            self.stream,
+            unconfirmed,
+            " (the broker drops those it had stored: producer name)"
+            if self.name
+            else " (those the broker had stored appear twice: no producer name)",
+        )
 
     def _on_confirm(self, ids: tuple[int, ...]) -> None:
         self.in_flight -= len(ids)
         self.confirmed += len(ids)
+        # A publisher's confirms arrive in publishing-id order: frames up to the highest are done.
+        self.max_confirmed = max(self.max_confirmed, max(ids, default=0))
+        while self.unconfirmed and self.unconfirmed[0][0] <= self.max_confirmed:
+            self.unconfirmed.popleft()
         asyncio.get_running_loop().create_task(self._notify())
 
     def _on_error(self, frame: schema.PublishError) -> None:
@@ -134,7 +213,7 @@ class _Publisher:
         asyncio.get_running_loop().create_task(self._notify())
 
     def _on_metadata(self, frame: schema.MetadataUpdate) -> None:
-        """The broker says the stream went away (deleted, or its leader moved): nothing more confirms."""
+        """The broker says the stream went away (deleted, restarted, or its leader moved): recover."""
         if frame.metadata_info.stream == self.stream:
             self.gone = (
                 f"the broker reported stream '{self.stream}' unavailable (code {frame.metadata_info.code})"
@@ -146,8 +225,6 @@ class _Publisher:
             self.changed.notify_all()
 
     def raise_failures(self) -> None:
-        if self.gone and not self.failures:
-            raise PublishError(f"{self.gone} with {self.in_flight} message(s) unconfirmed")
         if self.failures:
             pid, code = self.failures[0]
             reason = RESPONSE_CODES.get(code, f"response code {code}")
@@ -157,22 +234,23 @@ class _Publisher:
             )
 
     async def wait_window(self, room: int, max_in_flight: int, timeout_s: float) -> None:
-        """Wait until `room` more messages fit in the confirm window."""
-        if self.in_flight + room <= max_in_flight or self.in_flight == 0:
-            return
+        """Wait until `room` more messages fit in the confirm window (recovering a lost connection)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            async with self.changed:
-                await asyncio.wait_for(
-                    self.changed.wait_for(
-                        lambda: (
-                            self.in_flight + room <= max_in_flight
-                            or bool(self.failures)
-                            or self.gone is not None
-                            or not self.client.is_connection_alive()
-                        )
-                    ),
-                    timeout_s,
-                )
+            while True:
+                if self.broken:
+                    await self.recover()
+                if self.in_flight + room <= max_in_flight or self.in_flight <= 0 or self.failures:
+                    return
+                async with self.changed:
+                    await asyncio.wait_for(
+                        self.changed.wait_for(
+                            lambda: (
+                                self.in_flight + room <= max_in_flight or bool(self.failures) or self.broken
+                            )
+                        ),
+                        max(0.0, deadline - asyncio.get_running_loop().time()),
+                    )
         except TimeoutError as e:
             raise BrokerTimeoutError(
                 f"{self.in_flight} messages to '{self.stream}' still unconfirmed after enqueueTimeoutMs="
@@ -180,28 +258,30 @@ class _Publisher:
             ) from e
 
     async def wait_all(self, timeout_s: float) -> None:
-        try:
-            async with self.changed:
-                await asyncio.wait_for(
-                    self.changed.wait_for(
-                        lambda: (
-                            self.in_flight <= 0
-                            or self.gone is not None
-                            or not self.client.is_connection_alive()
-                        )
-                    ),
-                    timeout_s,
-                )
-        except TimeoutError as e:
-            raise PublishError(
-                f"{self.in_flight} of {self.sent} messages to '{self.stream}' were not confirmed within "
-                f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}"
-            ) from e
+        """Wait for every confirm; a lost connection is recovered and its frames re-sent first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.failures:
+                break
+            if self.in_flight <= 0:
+                return
+            if self.broken:
+                await self.recover()
+                deadline = max(deadline, loop.time() + timeout_s / 2)  # the re-sent frames need time too
+                continue
+            try:
+                async with self.changed:
+                    await asyncio.wait_for(
+                        self.changed.wait_for(lambda: self.in_flight <= 0 or self.failures or self.broken),
+                        max(0.0, deadline - loop.time()),
+                    )
+            except TimeoutError as e:
+                raise PublishError(
+                    f"{self.in_flight} of {self.sent} messages to '{self.stream}' were not confirmed within "
+                    f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}"
+                ) from e
         self.raise_failures()
-        if self.in_flight > 0:
-            raise PublishError(
-                f"connection lost with {self.in_flight} messages to '{self.stream}' unconfirmed"
-            )
 
     async def publish(
         self, messages: Sequence[bytes], filters: Sequence[str | None] | None, s: WriteSettings
@@ -212,15 +292,20 @@ class _Publisher:
             fpart = filters[i : i + step] if filters is not None else None
             self.raise_failures()
             await self.wait_window(len(part), s.max_in_flight, s.enqueue_timeout_ms / 1000)
-            if not self.client.is_connection_alive():
-                raise PublishError(f"connection to the broker lost while publishing to '{self.stream}'")
+            self.raise_failures()
             if s.sub_entry_size > 1:
                 frame, count = self._sub_entry_frame(part, s)
             else:
                 frame, count = self._frame(part, fpart)
             self.in_flight += count
             self.sent += len(part)
-            await self.client.send_raw(frame)
+            self.unconfirmed.append((self.next_id - 1, count, frame))
+            try:
+                await self.client.send_raw(frame)
+            except Exception as e:  # the frame is kept: the next wait recovers and re-sends it
+                if as_transient(e) is None:
+                    raise
+                log.debug("send to '%s' failed: %s", self.stream, e)
 
     def _frame(self, part: Sequence[bytes], filters: Sequence[str | None] | None) -> tuple[bytes, int]:
         pid = self.next_id
@@ -265,9 +350,7 @@ class _Publisher:
         return header + body, len(entries)
 
     async def close(self) -> None:
-        self.client.confirm_sinks.pop(self.id, None)
-        self.client.remove_handler(schema.PublishError, f"rmqs-pub-{self.id}")
-        self.client.remove_handler(schema.MetadataUpdate, f"rmqs-pub-{self.id}")
+        self._detach()
         if self.client.is_connection_alive():
             try:
                 await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
@@ -298,7 +381,8 @@ class StreamProducer:
         self._custom = load_partitioner(settings.partitioner_class) if settings.partitioner_class else None
         self.messages = 0
         if superstream:
-            self._partitions = run_sync(AsyncBrokerClient(conn).partitions(target), 60, "partitions")
+            aio = AsyncBrokerClient(conn, patient=True)  # executors: the driver reached the broker
+            self._partitions = run_sync(aio.partitions(target), 150, "partitions")
 
     @property
     def partitions(self) -> list[str]:
@@ -320,7 +404,8 @@ class StreamProducer:
         if strategy == "key":
             found = self._routes.get(routing_key)
             if found is None:
-                found = run_sync(AsyncBrokerClient(self.conn).route(routing_key, self.target), 60, "route")
+                aio = AsyncBrokerClient(self.conn, patient=True)
+                found = run_sync(aio.route(routing_key, self.target), 150, "route")
                 self._routes[routing_key] = found
             if not found:
                 raise ConfigurationError(
@@ -374,13 +459,45 @@ class StreamProducer:
 
     async def _publisher(self, stream: str) -> _Publisher:
         pub = self._publishers.get(stream)
-        if pub is None:
-            client = await get_pool().acquire(self.conn, "rmqs-writer")
-            self._clients.append(client)
-            pub = _Publisher(client, stream, 0, self.s.producer_name, self.s.resume_sequence)
-            await pub.start()
-            self._publishers[stream] = pub
+        if pub is not None:
+            return pub
+        backoff: Backoff | None = None
+        while True:  # a task may start while the broker restarts: wait for it, as a recovery does
+            client = None
+            try:
+                client = await get_pool().acquire(self.conn, "rmqs-writer")
+                pub = _Publisher(
+                    client, stream, 0, self.s.producer_name, self.s.resume_sequence, reconnect=self._reconnect
+                )
+                await pub.start()
+                break
+            except Exception as e:
+                if client is not None:
+                    await get_pool().discard(client)
+                err = as_transient(e, f"publish to '{stream}'")
+                if err is None:
+                    raise
+                backoff = backoff or Backoff()
+                delay = backoff.next_delay()
+                if delay is None:
+                    raise PublishError(
+                        f"could not start publishing to '{stream}': the broker did not come back within "
+                        f"{RECOVERY_WINDOW_S:.0f} s ({err})"
+                    ) from e
+                await asyncio.sleep(delay)
+        self._clients.append(client)
+        self._publishers[stream] = pub
         return pub
+
+    async def _reconnect(self, dead: RmqsClient) -> RmqsClient:
+        """A new connection in place of `dead` (closed and forgotten)."""
+        pool = get_pool()
+        if dead in self._clients:
+            self._clients.remove(dead)
+            await pool.discard(dead)
+        client = await pool.acquire(self.conn, "rmqs-writer")
+        self._clients.append(client)
+        return client
 
     def flush(self) -> None:
         """Wait for every confirm; raise when any message failed or stayed unconfirmed."""

@@ -1,0 +1,159 @@
+"""What the fault-injection tests share: restarting the broker, finding reader processes, checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import psutil
+
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.codec import encode
+from tests.support.broker import REPO, BrokerSettings
+from tests.support.data import conn_of
+
+BROKER_SH = str(REPO / "scripts" / "broker.sh")
+
+
+def _broker_sh(command: str, timeout_s: float) -> None:
+    done = subprocess.run(["bash", BROKER_SH, command], capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, f"broker.sh {command} failed ({done.returncode}): {done.stderr[-2000:]}"
+
+
+def broker_down() -> None:
+    _broker_sh("down", 120)
+
+
+def broker_up() -> None:
+    _broker_sh("up", 300)
+
+
+def connections(port: int) -> set[tuple[int, int]]:
+    """(pid, local port) of every established TCP connection to `port` on this machine."""
+    found = set()
+    for c in psutil.net_connections(kind="tcp"):
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.pid:
+            found.add((c.pid, c.laddr.port))
+    return found
+
+
+def spark_worker_pids(port: int, ignore: set[tuple[int, int]] | None = None) -> list[int]:
+    """Spark Python workers (not this driver process) with a connection to the broker's stream port
+    that is not in `ignore` (idle connections a reused worker pooled in an earlier job)."""
+    me = os.getpid()
+    pids = []
+    for pid in sorted({p for p, lport in connections(port) - (ignore or set()) if p != me}):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd):
+            pids.append(pid)
+    return pids
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, every_s: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class RestartWhen(threading.Thread):
+    """Restarts the broker (a real process restart) as soon as `ready()` is true."""
+
+    def __init__(self, ready: Callable[[], object], timeout_s: float = 120) -> None:
+        super().__init__(daemon=True, name="restart-broker")
+        self.ready = ready
+        self.timeout_s = timeout_s
+        self.down_at: float | None = None  # monotonic time the broker was down
+        self.up_at: float | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            wait_for(self.ready, self.timeout_s, "the job to start")
+            broker_down()
+            self.down_at = time.monotonic()
+            broker_up()
+            self.up_at = time.monotonic()
+        except BaseException as e:  # reported by check()
+            self.error = e
+
+    def check(self) -> None:
+        self.join(300)
+        if self.error is not None:
+            raise self.error
+        assert self.down_at is not None and self.up_at is not None, "the broker was not restarted"
+
+
+class SteadyProducer(threading.Thread):
+    """Publishes numbered messages at a steady rate until stopped, with a producer name (exactly once)."""
+
+    def __init__(
+        self,
+        b: BrokerSettings,
+        target: str,
+        *,
+        superstream: bool = False,
+        rate: int = 2000,
+        batch: int = 100,
+        name: str = "steady",
+    ) -> None:
+        super().__init__(daemon=True, name=f"producer-{target}")
+        self.b, self.target, self.superstream = b, target, superstream
+        self.rate, self.batch, self.name = rate, batch, name
+        self.sent: list[bytes] = []
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        settings = WriteSettings(producer_name=self.name, resume_sequence=False)
+        try:
+            conn = conn_of(self.b)
+            with StreamProducer(conn, self.target, superstream=self.superstream, settings=settings) as p:
+                started = time.monotonic()
+                while not self.stop_event.is_set():
+                    n = len(self.sent)
+                    bodies = [f"m{n + i:09d}".encode() for i in range(self.batch)]
+                    keys = [f"k{(n + i) % 97}" for i in range(self.batch)] if self.superstream else None
+                    p.send([encode(x) for x in bodies], routing_keys=keys)
+                    self.sent.extend(bodies)
+                    ahead = len(self.sent) / self.rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        self.stop_event.wait(ahead)
+                p.flush()
+        except BaseException as e:
+            self.error = e
+
+    def finish(self) -> list[bytes]:
+        self.stop_event.set()
+        self.join(180)
+        if self.error is not None:
+            raise self.error
+        return self.sent
+
+
+def assert_exact(rows: Sequence[tuple[str, int, bytes]], expected: dict[str, list[bytes]]) -> None:
+    """Per partition stream: offsets 0..n-1 once each, in order, with exactly the expected bodies."""
+    by_stream: dict[str, list[tuple[int, bytes]]] = {}
+    for stream, offset, value in rows:
+        by_stream.setdefault(stream, []).append((offset, value))
+    assert sorted(by_stream) == sorted(s for s, v in expected.items() if v), "partitions differ"
+    for stream, got in by_stream.items():
+        got.sort()
+        offsets = [o for o, _ in got]
+        dups = len(offsets) - len(set(offsets))
+        assert dups == 0, f"{stream}: {dups} duplicated offset(s)"
+        want = expected[stream]
+        assert offsets == list(range(len(want))), (
+            f"{stream}: offsets are not exactly 0..{len(want) - 1} (got {len(offsets)} rows, "
+            f"first gap at {next((i for i, o in enumerate(offsets) if o != i), None)})"
+        )
+        assert [v for _, v in got] == want, f"{stream}: bodies differ from what was published"
