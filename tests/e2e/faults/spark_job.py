@@ -4,7 +4,8 @@
     python -m tests.e2e.faults.spark_job stream CONFIG_JSON
 
 `read-kill-worker` reads a stream with task retries allowed (local[2,4]), kills the Spark Python
-worker that is reading it (SIGKILL) once, and writes the rows it got to `out` as Parquet.
+worker that is reading it (SIGKILL) once, and writes the rows it got to `out` as Parquet; it prints
+how many task attempts failed.
 `stream` runs a streaming query from `options` into Parquet at `out` with checkpoint `ckpt` until
 killed, or until the data is drained when `available_now` is true.
 """
@@ -37,27 +38,35 @@ def session(master: str) -> Any:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()
     )
-    s.sparkContext.setLogLevel("ERROR")
+    s.sparkContext.setLogLevel(os.environ.get("RMQS_FAULT_LOG_LEVEL", "ERROR"))
     return s
 
 
-def paced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    import time
+def paced(started: str):  # type: ignore[no-untyped-def]
+    """Pass 1,000 rows per 0.1 s (the reader upstream is held back by it); touch `started` first."""
 
-    for b in batches:
-        time.sleep(0.1)
-        yield b
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pathlib
+        import time
+
+        for b in batches:
+            for i in range(0, b.num_rows, 1000):
+                pathlib.Path(started).touch()
+                time.sleep(0.1)
+                yield b.slice(i, 1000)
+
+    return fn
 
 
 def read_kill_worker(cfg: dict[str, Any]) -> None:
-    from tests.e2e.faults.support import spark_worker_pids, wait_for
+    from tests.e2e.faults.support import task_readers, wait_for
 
     spark = session("local[2,4]")  # up to 4 attempts per task, as on a cluster
     killed: list[int] = []
 
     def kill_one() -> None:
-        pids = wait_for(lambda: spark_worker_pids(cfg["port"]), 120, "a reading worker")
-        pid = pids[0]  # type: ignore[index]
+        wait_for(lambda: os.path.exists(cfg["started"]), 120, "the first rows")
+        pid = wait_for(lambda: task_readers(cfg["port"]), 60, "a reading worker")[0]  # type: ignore[index]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
@@ -69,8 +78,16 @@ def read_kill_worker(cfg: dict[str, Any]) -> None:
         .load()
         .select("stream", "offset", "value")
     )
-    rows = df.mapInArrow(paced, df.schema).collect()
+    spark.sparkContext.setJobGroup("read", "the read under test")
+    rows = df.mapInArrow(paced(cfg["started"]), df.schema).collect()
     killer.join(5)
+    tracker = spark.sparkContext.statusTracker()
+    failed = 0
+    for job in tracker.getJobIdsForGroup("read"):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info else []:
+            st = tracker.getStageInfo(stage)
+            failed += st.numFailedTasks if st else 0
     table = pa.table(
         {
             "stream": [r.stream for r in rows],
@@ -79,7 +96,7 @@ def read_kill_worker(cfg: dict[str, Any]) -> None:
         }
     )
     pq.write_table(table, cfg["out"])
-    print(json.dumps({"killed": killed, "rows": len(rows)}), flush=True)
+    print(json.dumps({"killed": killed, "rows": len(rows), "failed_tasks": failed}), flush=True)
     spark.stop()
 
 

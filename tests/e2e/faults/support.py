@@ -55,6 +55,20 @@ def spark_worker_pids(port: int, ignore: set[tuple[int, int]] | None = None) -> 
     return pids
 
 
+def task_readers(port: int) -> list[int]:
+    """Spark Python workers running tasks (not the planning workers of Python data sources, which
+    keep a pooled metadata connection) that are connected to the broker."""
+    pids = []
+    for pid in spark_worker_pids(port):
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[-1] == "pyspark.worker":
+            pids.append(pid)
+    return pids
+
+
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, every_s: float = 0.05) -> object:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

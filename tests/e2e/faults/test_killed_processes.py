@@ -53,16 +53,19 @@ def test_killed_python_worker_task_retry_returns_the_same_rows(
     broker: BrokerSettings, streams, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     s = streams.stream("fk")
-    bodies = [f"k{i:07d}".encode() for i in range(60_000)]
+    # 60 MB: the reader is held back by the paced consumer, so it is mid-read when killed.
+    bodies = [f"k{i:07d}".ljust(1000, ".").encode() for i in range(60_000)]
     publish(broker, s, bodies, batch=5000)
     out = tmp_path / "rows.parquet"
     cfg = {
         "port": broker.port,
         "out": str(out),
+        "started": str(tmp_path / "started"),
         "options": spark_options(broker, stream=s, metadataFields="", minPartitions="2"),
     }
     result = _finish(_job("read-kill-worker", cfg), 300)
     assert result["killed"], "no reading worker was killed"
+    assert result["failed_tasks"] >= 1, "the kill failed no task: it did not hit a read"
     t = pq.read_table(out)
     cols = [t.column(c).to_pylist() for c in ("stream", "offset", "value")]
     rows = list(zip(*cols, strict=True))
