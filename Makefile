@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup java test test-unit lint broker-up broker-down broker-status demo bench docs lock clean
+.PHONY: setup java test test-unit soak lint broker-up broker-down broker-status demo bench docs lock clean
 
 setup: java $(STAMP)
 
@@ -39,6 +39,11 @@ test: setup broker-up
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The soak for longer than `make test` runs it (60 s): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
+SOAK_SECONDS ?= 600
+soak: setup broker-up
+	RMQS_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -p no:cacheprovider --timeout $$(( $(SOAK_SECONDS) + 900 )) tests/e2e/soak $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

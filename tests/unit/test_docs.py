@@ -38,3 +38,26 @@ def test_readme_links_resolve() -> None:
     text = (ROOT / "README.md").read_text()
     for target in re.findall(r"\]\(((?:docs/)[^)#]+)", text):
         assert (ROOT / target).exists(), target
+
+
+def test_failure_semantics_names_tests_that_exist() -> None:
+    """Each test the failure-semantics page cites exists: the page cannot outlive a renamed test."""
+    text = (ROOT / "docs" / "failure-semantics.md").read_text()
+    cited = 0
+    last: Path | None = None
+    for ref in re.findall(r"`([^`]*(?:\.py|::|tests/)[^`]*)`", text):
+        path, _, name = ref.partition("::")
+        if path:
+            if path.startswith("tests/"):
+                target = ROOT / path
+            else:
+                found = list((ROOT / "tests").rglob(path))
+                assert len(found) == 1, f"{path!r} names {len(found)} files"
+                target = found[0]
+            assert target.exists(), ref
+            last = target
+        if name:
+            assert last is not None and last.is_file(), ref
+            assert re.search(rf"^def {re.escape(name)}\(", last.read_text(), re.M), f"no test {ref}"
+            cited += 1
+    assert cited >= 15

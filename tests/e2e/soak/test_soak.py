@@ -1,0 +1,216 @@
+"""Soak: a streaming query reading a stream and writing another for minutes at a steady rate.
+
+Memory of every process (this driver, the JVM heap after a GC, each Spark Python worker that lives
+through the run) stays flat; the broker's connection count does not grow while the query runs; and
+after the query stops, consumers and publishers are back to the baseline at once and connections
+once idle pooled ones are evicted (no leaked producer, consumer or connection).
+`make test` runs it for RMQS_SOAK_SECONDS=60 (the default); `make soak` for 10 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from pyspark.sql import SparkSession
+
+from pyspark_rmqs.broker import pool
+from pyspark_rmqs.broker.reader import read_range
+from tests.e2e.faults.support import BROKER_SH, SteadyProducer, wait_for
+from tests.support.broker import BrokerSettings
+from tests.support.data import client, conn_of, spark_options
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
+
+SOAK_SECONDS = float(os.environ.get("RMQS_SOAK_SECONDS", "60"))
+RATE = int(os.environ.get("RMQS_SOAK_RATE", "1000"))  # messages per second
+MiB = 1024 * 1024
+
+
+def _ctl(*args: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        ["bash", BROKER_SH, "ctl", "-q", *args, "--formatter", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout or "[]"))
+
+
+def _stream_connections() -> list[str]:
+    """Each stream connection as "name (pid command)": the owner is found by the client's port."""
+    owners = {c.laddr.port: c.pid for c in psutil.net_connections(kind="tcp") if c.laddr and c.pid}
+    out = []
+    for c in _ctl("list_stream_connections", "client_properties", "peer_port"):
+        name = next((v for k, _, v in c["client_properties"] if k == "connection_name"), "?")
+        pid = owners.get(c["peer_port"])
+        try:
+            cmd = psutil.Process(pid).cmdline()[-1] if pid else "?"
+        except psutil.Error:
+            cmd = "?"
+        out.append(f"{name} ({pid} {cmd})")
+    return sorted(out)
+
+
+def _broker_counts() -> dict[str, int]:
+    """Stream connections, consumers and publishers, as the broker counts them (rabbitmqctl)."""
+    return {
+        "connections": len(_ctl("list_stream_connections", "conn_name")),
+        "consumers": len(_ctl("list_stream_consumers", "stream")),
+        "publishers": len(_ctl("list_stream_publishers", "stream")),
+    }
+
+
+class Sampler(threading.Thread):
+    """Every 2 s: RSS of this process and of each Python process under the JVM, and the JVM heap
+    after a GC; every 10 s the broker's stream connections (rabbitmqctl costs a second of CPU)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        super().__init__(daemon=True, name="soak-sampler")
+        self.spark = spark
+        self.rss: dict[str, list[tuple[float, int]]] = {}
+        self.heap: list[tuple[float, int]] = []
+        self.connections: list[tuple[float, int]] = []
+        self.stop_event = threading.Event()
+
+    def _processes(self) -> dict[str, psutil.Process]:
+        me = psutil.Process()
+        found = {f"driver-python[{me.pid}]": me}
+        for p in me.children(recursive=True):
+            try:
+                cmd = p.cmdline()
+            except psutil.Error:
+                continue
+            if cmd and "pyspark.daemon" in " ".join(cmd) and cmd[-1] != "pyspark.daemon":
+                found[f"{cmd[-1]}[{p.pid}]"] = p
+        return found
+
+    def run(self) -> None:
+        jvm = self.spark.sparkContext._jvm  # type: ignore[attr-defined]
+        started = time.monotonic()
+        while not self.stop_event.is_set():
+            t = time.monotonic() - started
+            for name, p in self._processes().items():
+                try:
+                    self.rss.setdefault(name, []).append((t, p.memory_info().rss))
+                except psutil.Error:
+                    pass
+            jvm.java.lang.System.gc()
+            rt = jvm.java.lang.Runtime.getRuntime()
+            self.heap.append((t, rt.totalMemory() - rt.freeMemory()))
+            if not self.connections or t - self.connections[-1][0] >= 10:
+                self.connections.append((t, len(_ctl("list_stream_connections", "conn_name"))))
+            self.stop_event.wait(2.0)
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(30)
+
+
+def _thirds(samples: list[tuple[float, int]], duration: float) -> tuple[list[int], list[int]]:
+    """Values in the middle and the last third of the run (the first third is warm-up)."""
+    mid = [v for t, v in samples if duration / 3 <= t < 2 * duration / 3]
+    last = [v for t, v in samples if t >= 2 * duration / 3]
+    return mid, last
+
+
+def _flat(samples: list[tuple[float, int]], duration: float, rel: float, slack: int) -> tuple[bool, str]:
+    mid, last = _thirds(samples, duration)
+    if len(mid) < 2 or len(last) < 2:
+        return True, "too few samples"
+    a, b = statistics.median(mid), statistics.median(last)
+    return b <= a * (1 + rel) + slack, f"{a / MiB:.1f} -> {b / MiB:.1f} MiB"
+
+
+def test_soak_streaming_read_and_write(
+    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    if broker.external:
+        pytest.skip("the soak counts the local broker's connections with rabbitmqctl")
+    src, dst = streams.stream("soak-in"), streams.stream("soak-out")
+    client(broker).tail(src)  # this process's metadata connection belongs to the baseline
+    baseline = _broker_counts()
+    baseline_connections = _stream_connections()
+    producer = SteadyProducer(broker, src, rate=RATE, batch=max(1, RATE // 10), name="soak-producer")
+    producer.start()
+    q = (
+        spark.readStream.format("rabbitmq_streams")
+        .options(**spark_options(broker, stream=src, metadataFields=""))
+        .load()
+        .select("value")
+        .writeStream.format("rabbitmq_streams")
+        .options(**spark_options(broker, stream=dst, producerName="soak"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    sampler = Sampler(spark)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < SOAK_SECONDS:
+            assert q.exception() is None, q.exception()
+            time.sleep(1)
+        sent = producer.finish()
+        caught_up = lambda: client(broker).tail(dst) >= len(sent) or q.exception()  # noqa: E731
+        wait_for(caught_up, 120, "the query to catch up", 0.5)
+        assert q.exception() is None, q.exception()
+    finally:
+        sampler.finish()
+        q.stop()
+        producer.finish()
+    duration = time.monotonic() - started
+
+    # Every message, once, in order.
+    got = read_range(conn_of(broker), dst, 0, client(broker).tail(dst)).column("value").to_pylist()
+    assert got == sent
+
+    report: list[str] = [f"soak {duration:.0f} s at {RATE} msg/s: {len(sent)} messages through the query"]
+    problems: list[str] = []
+    for name, samples in sorted(sampler.rss.items()):
+        if samples[0][0] > duration / 3 or samples[-1][0] < 2 * duration / 3 - 2:
+            continue  # not alive through the run: a short-lived worker
+        ok, text = _flat(samples, duration, rel=0.10, slack=16 * MiB)
+        report.append(f"RSS {name}: {text}")
+        if not ok:
+            problems.append(f"RSS of {name} grew: {text}")
+    ok, text = _flat(sampler.heap, duration, rel=0.25, slack=32 * MiB)
+    report.append(f"JVM heap after GC: {text}")
+    if not ok:
+        problems.append(f"JVM heap after GC grew: {text}")
+    mid, last = _thirds(sampler.connections, duration)
+    report.append(f"connections: baseline {baseline['connections']}, run max {max(mid)} -> {max(last)}")
+    if max(last) > max(mid) + 2:
+        problems.append(f"broker connections grew during the run: {max(mid)} -> {max(last)}")
+
+    # After the stop: no subscription or publisher left; pooled connections close once idle.
+    wait_for(
+        lambda: (
+            (c := _broker_counts())["consumers"] <= baseline["consumers"]
+            and c["publishers"] <= baseline["publishers"]
+        ),
+        15,
+        "consumers and publishers back to the baseline",
+        0.5,
+    )
+    try:
+        wait_for(
+            lambda: _broker_counts()["connections"] <= baseline["connections"],
+            pool.IDLE_SECONDS * 1.5 + 10,
+            "connections back to the baseline after idle eviction",
+            1.0,
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}: baseline {baseline_connections}, now {_stream_connections()}") from None
+    report.append("after stop: consumers, publishers and connections back to the baseline")
+    print("\n".join(report))
+    assert not problems, "\n".join(problems + report)
