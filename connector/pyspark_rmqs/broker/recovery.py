@@ -10,6 +10,7 @@ address or a stopped broker at planning time is for the user to fix, not to wait
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 import time
 
@@ -18,6 +19,16 @@ from rstream import exceptions as rx
 from pyspark_rmqs.errors import BrokerUnavailableError
 
 RECOVERY_WINDOW_S = 60.0
+_NETWORK_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.EPIPE,
+    errno.ETIMEDOUT,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    errno.ENETDOWN,
+}
 FIRST_DELAY_S = 0.25
 MAX_DELAY_S = 4.0
 
@@ -33,7 +44,8 @@ def as_transient(e: BaseException, what: str = "") -> BrokerUnavailableError | N
         )
     if isinstance(e, ssl.SSLError):  # certificates do not heal by waiting
         return None
-    if isinstance(e, (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError)):
+    network = isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS  # not a missing file, say
+    if network or isinstance(e, (ConnectionError, asyncio.IncompleteReadError, TimeoutError)):
         return BrokerUnavailableError(f"{where}connection to the broker lost ({type(e).__name__})")
     return None
 
