@@ -49,6 +49,8 @@ _MSG = struct.Struct(">QI")
 _MSG_FILTERED = struct.Struct(">Qh")
 _SUB_ENTRY = struct.Struct(">QBHII")
 
+_MAX_STALLED_RECOVERIES = 5
+
 RESPONSE_CODES = {
     2: "stream does not exist",
     6: "stream not available",
@@ -120,7 +122,8 @@ class _Publisher:
         self.in_flight = 0
         self.sent = 0
         self.confirmed = 0
-        self.recoveries = 0
+        self.stalled_recoveries = 0  # recoveries in a row with no confirm in between
+        self._confirmed_at_recovery = -1
         self.failures: list[tuple[int, int]] = []
         self.gone: str | None = None
         self.changed = asyncio.Condition()
@@ -160,7 +163,15 @@ class _Publisher:
             raise PublishError(
                 f"{reason} publishing to '{self.stream}' with {unconfirmed} message(s) unconfirmed"
             )
-        self.recoveries += 1
+        self.stalled_recoveries = (
+            self.stalled_recoveries + 1 if self.confirmed == self._confirmed_at_recovery else 1
+        )
+        self._confirmed_at_recovery = self.confirmed
+        if self.stalled_recoveries > _MAX_STALLED_RECOVERIES:
+            raise PublishError(
+                f"{reason} publishing to '{self.stream}' {_MAX_STALLED_RECOVERIES} times in a row without "
+                f"a single confirm in between: {unconfirmed} message(s) unconfirmed"
+            )
         log.warning("%s publishing to '%s' (%d unconfirmed); reconnecting", reason, self.stream, unconfirmed)
         backoff = Backoff()
         while True:
@@ -184,8 +195,13 @@ class _Publisher:
                     ) from e
                 await asyncio.sleep(delay)
         self.in_flight = unconfirmed
-        for _, _, frame in list(self.unconfirmed):
-            await self.client.send_raw(frame)
+        try:
+            for _, _, frame in list(self.unconfirmed):
+                await self.client.send_raw(frame)
+        except Exception as e:  # lost again: the caller's next check of `broken` recovers once more
+            if as_transient(e) is None:
+                raise
+            return
         log.warning(
             "reconnected to '%s'; re-sent %d unconfirmed message(s)%s",
             self.stream,
