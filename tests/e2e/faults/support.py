@@ -123,7 +123,7 @@ class SteadyProducer(threading.Thread):
         super().__init__(daemon=True, name=f"producer-{target}")
         self.b, self.target, self.superstream = b, target, superstream
         self.rate, self.batch, self.name = rate, batch, name
-        self.sent: list[bytes] = []
+        self.count = 0  # messages sent; their bodies are body(0) .. body(count - 1)
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
 
@@ -134,24 +134,33 @@ class SteadyProducer(threading.Thread):
             with StreamProducer(conn, self.target, superstream=self.superstream, settings=settings) as p:
                 started = time.monotonic()
                 while not self.stop_event.is_set():
-                    n = len(self.sent)
-                    bodies = [f"m{n + i:09d}".encode() for i in range(self.batch)]
+                    n = self.count
+                    bodies = [self.body(n + i) for i in range(self.batch)]
                     keys = [f"k{(n + i) % 97}" for i in range(self.batch)] if self.superstream else None
                     p.send([encode(x) for x in bodies], routing_keys=keys)
-                    self.sent.extend(bodies)
-                    ahead = len(self.sent) / self.rate - (time.monotonic() - started)
+                    self.count += self.batch
+                    ahead = self.count / self.rate - (time.monotonic() - started)
                     if ahead > 0:
                         self.stop_event.wait(ahead)
                 p.flush()
         except BaseException as e:
             self.error = e
 
-    def finish(self) -> list[bytes]:
+    @staticmethod
+    def body(i: int) -> bytes:
+        return f"m{i:09d}".encode()
+
+    def stop(self) -> int:
+        """Stop publishing; how many messages were sent (all confirmed)."""
         self.stop_event.set()
         self.join(180)
         if self.error is not None:
             raise self.error
-        return self.sent
+        return self.count
+
+    def finish(self) -> list[bytes]:
+        """Stop; the bodies sent, in order (built only now: the soak measures this process's memory)."""
+        return [self.body(i) for i in range(self.stop())]
 
 
 def assert_exact(rows: Sequence[tuple[str, int, bytes]], expected: dict[str, list[bytes]]) -> None:
