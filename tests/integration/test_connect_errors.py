@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import time
 import traceback
 import uuid
@@ -25,21 +24,12 @@ import pytest
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.errors import AuthenticationError, BrokerUnavailableError, RmqsError
 from pyspark_rmqs.options import parse_connection_options
-from tests.support.broker import REPO, BrokerSettings
+from tests.support.broker import BrokerSettings, ctl
 
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = "C0nnect-Err0r-Secret"
 EXTERNAL = bool(os.environ.get("RMQS_TEST_URI"))
-
-
-def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(REPO / "scripts" / "broker.sh"), "ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def closed_port() -> int:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import pickle
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.errors import AuthenticationError
 from pyspark_rmqs.options import parse_connection_options, parse_sink_options, parse_source_options
-from tests.support.broker import REPO, BrokerSettings
+from tests.support.broker import BrokerSettings, ctl
 from tests.support.data import publish
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,15 +36,6 @@ pytestmark = pytest.mark.timeout(300)
 USER = "rmqs-secret-user"
 PASSWORD = "S3cr3t-Unique-PW"
 EXTERNAL = bool(os.environ.get("RMQS_TEST_URI"))
-
-
-def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(REPO / "scripts" / "broker.sh"), "ctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -63,9 +63,22 @@ def settings_from_env() -> BrokerSettings:
     )
 
 
+BROKER_SH = REPO / "scripts" / "broker.sh"
+
+
 def ensure_local_broker() -> None:
     """Start the project's broker (idempotent); a no-op when RMQS_TEST_URI names another one."""
-    subprocess.run(["bash", str(REPO / "scripts" / "broker.sh"), "up"], check=True)
+    subprocess.run(["bash", str(BROKER_SH), "up"], check=True)
+
+
+def broker_sh(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`scripts/broker.sh ARGS` (up, down, ctl ...), its output captured."""
+    return subprocess.run(["bash", str(BROKER_SH), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """`rabbitmqctl ARGS` on the local broker."""
+    return broker_sh("ctl", *args)
 
 
 def unique_name(prefix: str = "t") -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -12,14 +11,12 @@ import psutil
 
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
-from tests.support.broker import REPO, BrokerSettings
+from tests.support.broker import BrokerSettings, broker_sh
 from tests.support.data import conn_of
-
-BROKER_SH = str(REPO / "scripts" / "broker.sh")
 
 
 def _broker_sh(command: str, timeout_s: float) -> None:
-    done = subprocess.run(["bash", BROKER_SH, command], capture_output=True, text=True, timeout=timeout_s)
+    done = broker_sh(command, timeout=timeout_s)
     assert done.returncode == 0, f"broker.sh {command} failed ({done.returncode}): {done.stderr[-2000:]}"
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from pyspark.sql import SparkSession
 
 from pyspark_rmqs.broker import pool
 from pyspark_rmqs.broker.reader import read_range
-from tests.e2e.faults.support import BROKER_SH, SteadyProducer, wait_for
-from tests.support.broker import BrokerSettings
+from tests.e2e.faults.support import SteadyProducer, wait_for
+from tests.support.broker import BrokerSettings, ctl
 from tests.support.data import client, conn_of, spark_options
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
@@ -36,12 +35,7 @@ MiB = 1024 * 1024
 
 
 def _ctl(*args: str) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        ["bash", BROKER_SH, "ctl", "-q", *args, "--formatter", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = ctl("-q", *args, "--formatter", "json")
     assert done.returncode == 0, done.stderr
     return list(json.loads(done.stdout or "[]"))
 
