@@ -261,31 +261,33 @@ def rows_for_bytes(max_bytes: int, avg_message_size: float) -> int:
 
 
 def merge_committed_splits(base: int, splits: Sequence[tuple[int, int, int]]) -> int:
-    """Merge the commits of one stream's splits into its next offset (SPEC "Split offset merge").
+    """Merge the results of one stream's splits into its next offset, as SPEC "Split offset merge" says.
 
-    Each split is ``(start, end, committed_next)``, ``committed_next == end`` when it finished.
-    Duplicated ranges (retries) keep their best commit. From `base`, the position advances across
-    contiguous fully committed splits only, so the checkpoint never skips a gap; a partially
-    committed split at the position advances it to its `committed_next` and stops there. The result
-    is never below `base` and never beyond the largest split end.
+    `base` is the stream's current next offset; each split result is ``(start, end, committed)``
+    with ``start <= committed <= end``, ``committed == end`` when the split finished. The algorithm,
+    step by step: dedupe by ``(start, end)`` keeping the max `committed` per range (retries); sort by
+    `start` (then `end`); walk the splits in that order and advance while ``start == base`` and
+    ``committed == end``, setting ``base = end``; stop at the first split that fails the test.
+
+    So a partially committed split does not advance the checkpoint at all (its committed part is
+    read again by the retry of the range: duplicates, never a gap), a missing split (a gap) stops the
+    merge, and a split that does not start exactly at the position (one before `base`, or overlapping
+    another) stops it too: pass the splits of the range starting at `base`. Example from SPEC: base 0,
+    [0,100) committed, [100,200) failed, [200,300) committed: the result is 100.
     """
     if not _is_int(base) or base < 0:
         raise ConfigurationError(f"base offset must be an integer >= 0, got {base!r}")
     best: dict[tuple[int, int], int] = {}
     for start, end, committed in splits:
-        if start > end:
-            raise ConfigurationError(f"split range [{start}, {end}) is inverted")
+        if not (_is_int(start) and _is_int(end) and _is_int(committed)) or start > end:
+            raise ConfigurationError(f"split range [{start}, {end}) is not a range of integer offsets")
+        if not start <= committed <= end:
+            raise ConfigurationError(
+                f"split [{start}, {end}) reports committed offset {committed}, outside [{start}, {end}]"
+            )
         best[(start, end)] = max(best.get((start, end), committed), committed)
-    by_start: dict[int, list[tuple[int, int]]] = {}
     for (start, end), committed in sorted(best.items()):
-        by_start.setdefault(start, []).append((end, min(committed, end)))
-    position = base
-    while position in by_start:
-        candidates = by_start[position]
-        done = [end for end, committed in candidates if committed >= end and end > position]
-        if done:
-            position = max(done)
-            continue
-        position = max([position, *(committed for _, committed in candidates)])
-        break
-    return position
+        if start != base or committed != end:
+            break
+        base = end
+    return base

@@ -250,43 +250,90 @@ def test_proportional_budgets_properties(pending: dict[str, int], total: int) ->
 @pytest.mark.parametrize(
     ("base", "splits", "expected"),
     [
-        (0, [(0, 100, 100), (100, 200, 100), (200, 300, 300)], 100),  # SPEC example
+        (0, [(0, 100, 100), (100, 200, 100), (200, 300, 300)], 100),  # SPEC example: [100,200) failed
         (0, [(0, 100, 100), (100, 200, 200), (200, 300, 300)], 300),
-        (0, [(200, 300, 300), (0, 100, 100), (100, 200, 200)], 300),  # order does not matter
-        (0, [(0, 100, 100), (100, 200, 150), (200, 300, 300)], 150),  # partial split stops there
-        (0, [(0, 100, 50), (0, 100, 100), (0, 100, 70)], 100),  # retries: best commit wins
-        (0, [(0, 100, 100), (150, 200, 200)], 100),  # gap: missing split
+        (0, [(200, 300, 300), (0, 100, 100), (100, 200, 200)], 300),  # out of order results
+        (0, [(100, 200, 200), (0, 100, 100)], 200),  # out of order, two splits
+        # A partially committed split does not advance the checkpoint: the retry re-reads it whole.
+        (0, [(0, 100, 100), (100, 200, 150), (200, 300, 300)], 100),
+        (0, [(0, 100, 99)], 0),
+        (0, [(0, 100, 99), (100, 200, 200)], 0),
+        # Retries: duplicate ranges with different commits, the max per range wins, in any order.
+        (0, [(0, 100, 50), (0, 100, 100), (0, 100, 70)], 100),
+        (0, [(0, 100, 100), (0, 100, 0), (100, 200, 120), (100, 200, 200), (100, 200, 100)], 200),
+        (0, [(0, 100, 100), (100, 200, 150), (100, 200, 180)], 100),  # no retry finished [100,200)
+        (0, [(0, 100, 100), (150, 200, 200)], 100),  # gap: [100,150) missing
+        (0, [(50, 100, 100)], 0),  # gap at the base
+        (5, [(5, 10, 10), (11, 20, 20)], 10),  # gap of one offset
         (100, [(0, 100, 100)], 100),  # nothing starts at base
+        (100, [(0, 100, 100), (100, 200, 200)], 100),  # a split before base stops the merge (literal SPEC)
+        (0, [(0, 100, 100), (50, 150, 150)], 100),  # overlap: [50,150) does not start at 100
+        (0, [(0, 50, 50), (0, 100, 100)], 50),  # same start: sorted by end, then [0,100) != 50
         (100, [], 100),
+        (0, [], 0),
         (0, [(0, 100, 0)], 0),  # failed first split
-        (0, [(0, 100, 500)], 100),  # over-reported commit is clamped to end
-        (10, [(10, 10, 10), (10, 20, 20)], 20),  # empty split ignored
+        (10, [(10, 10, 10), (10, 20, 20)], 20),  # empty split at the base
+        (7, [(7, 8, 8)], 8),
     ],
 )
 def test_merge_committed_splits(base: int, splits: list[tuple[int, int, int]], expected: int) -> None:
     assert merge_committed_splits(base, splits) == expected
 
 
-def test_merge_committed_splits_rejects_bad_input() -> None:
-    with pytest.raises(ConfigurationError):
-        merge_committed_splits(-1, [])
-    with pytest.raises(ConfigurationError):
-        merge_committed_splits(0, [(10, 5, 10)])
+@pytest.mark.parametrize(
+    ("base", "splits", "match"),
+    [
+        (-1, [], "base offset must be an integer >= 0, got -1"),
+        (True, [], "base offset"),
+        (1.0, [], "base offset"),
+        (0, [(10, 5, 10)], r"split range \[10, 5\) is not a range"),
+        (0, [(0, 5.0, 5)], "not a range of integer offsets"),
+        (0, [(0, 5, True)], "not a range of integer offsets"),
+        (0, [(0, 100, 500)], r"reports committed offset 500, outside \[0, 100\]"),
+        (0, [(10, 100, 9)], r"committed offset 9, outside \[10, 100\]"),
+    ],
+)
+def test_merge_committed_splits_rejects_bad_input(base: Any, splits: Any, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        merge_committed_splits(base, splits)
+
+
+def test_merge_committed_splits_accepts_committed_at_the_bounds() -> None:
+    assert merge_committed_splits(0, [(0, 100, 0)]) == 0  # committed == start: nothing done
+    assert merge_committed_splits(0, [(0, 100, 100)]) == 100  # committed == end: all done
+    assert merge_committed_splits(3, [(3, 3, 3)]) == 3  # an empty split
 
 
 split_results = st.lists(
-    st.tuples(st.integers(0, 1000), st.integers(0, 200), st.integers(-10, 300)).map(
-        lambda t: (t[0], t[0] + t[1], t[0] + t[2])
+    st.tuples(st.integers(0, 1000), st.integers(0, 200), st.integers(0, 200)).map(
+        lambda t: (t[0], t[0] + t[1], t[0] + min(t[1], t[2]))
     ),
     max_size=12,
 )
 
 
+def _reference_merge(base: int, splits: list[tuple[int, int, int]]) -> int:
+    """SPEC's algorithm written out once more, independently, for the property test."""
+    ranges = {(s, e) for s, e, _ in splits}
+    results = [(s, e, max(c for s2, e2, c in splits if (s2, e2) == (s, e))) for s, e in ranges]
+    for s, e, c in sorted(results):
+        if s == base and c == e:
+            base = e
+        else:
+            return base
+    return base
+
+
 @given(st.integers(0, 1000), split_results)
-def test_merge_committed_splits_bounds(base: int, splits: list[tuple[int, int, int]]) -> None:
+def test_merge_committed_splits_properties(base: int, splits: list[tuple[int, int, int]]) -> None:
     merged = merge_committed_splits(base, splits)
+    assert merged == _reference_merge(base, splits)
     assert merged >= base
     assert merged <= max([base, *(end for _, end, _ in splits)])
+    # The merged position is covered by fully committed splits only: no offset in [base, merged) is
+    # outside a finished split, so nothing is skipped.
+    done = [(s, e) for s, e, c in splits if c == e]
+    assert all(any(s <= o < e for s, e in done) for o in range(base, merged))
 
 
 @given(st.integers(0, 10**6), st.lists(st.integers(1, 1000), max_size=10), st.randoms())
@@ -298,6 +345,27 @@ def test_merge_committed_splits_all_done(base: int, sizes: list[int], rnd: rando
         start += size
     rnd.shuffle(splits)
     assert merge_committed_splits(base, splits) == start
+
+
+@given(
+    st.integers(0, 10**6),
+    st.lists(st.integers(1, 1000), min_size=1, max_size=10),
+    st.data(),
+    st.randoms(),
+)
+def test_merge_committed_splits_stops_at_the_first_unfinished_split(
+    base: int, sizes: list[int], data: st.DataObject, rnd: random.Random
+) -> None:
+    splits = []
+    start = base
+    for size in sizes:
+        splits.append((start, start + size, start + size))
+        start += size
+    broken = data.draw(st.integers(0, len(splits) - 1))
+    s, e, _ = splits[broken]
+    splits[broken] = (s, e, data.draw(st.integers(s, e - 1)))  # partially committed, or not at all
+    rnd.shuffle(splits)
+    assert merge_committed_splits(base, splits) == s
 
 
 # --- apply_limit and rows_for_bytes ---------------------------------------------------------------
@@ -351,3 +419,110 @@ def test_rows_for_bytes(max_bytes: int, avg: float, expected: int) -> None:
 def test_rows_for_bytes_rejects_non_positive() -> None:
     with pytest.raises(ConfigurationError, match="maxBytesPerTrigger"):
         rows_for_bytes(0, 10.0)
+
+
+# --- the streaming runner commits the merge of a batch's splits -----------------------------------
+
+
+class _FakeClient:
+    def __init__(self) -> None:
+        self.stored: list[tuple[str, dict[str, int]]] = []
+
+    def store_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+        self.stored.append((consumer, dict(offsets)))
+
+
+class _FakeMeta:
+    """What the runner's `_Metadata` answers: first offsets and tails, no broker."""
+
+    def __init__(self, firsts: dict[str, int], tails: dict[str, int]) -> None:
+        self.firsts, self.tails = firsts, tails
+        self.client = _FakeClient()
+        self.sizes: dict[str, float] = {}
+
+    def refresh(self, force: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+        return self.firsts, self.tails
+
+
+def _runner(firsts: dict[str, int], tails: dict[str, int], **options: str) -> Any:
+    from pyspark_rmqs.options import parse_source_options
+    from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader
+
+    opts = {"endpoints": "localhost:5552", "superstream": "orders", "consumerName": "etl", **options}
+    reader = RabbitMQStreamsStreamReader(parse_source_options(opts, streaming=True))
+    reader._meta = _FakeMeta(firsts, tails)  # type: ignore[assignment]
+    return reader
+
+
+@pytest.fixture
+def merge_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[tuple[int, int, int]]]]:
+    """Spy on the one merge function: the runner must call it, not a copy of its own."""
+    from pyspark_rmqs import offsets
+
+    calls: list[tuple[int, list[tuple[int, int, int]]]] = []
+    real = offsets.merge_committed_splits
+
+    def spy(base: int, splits: list[tuple[int, int, int]]) -> int:
+        calls.append((base, sorted(splits)))
+        return real(base, splits)
+
+    monkeypatch.setattr(offsets, "merge_committed_splits", spy)
+    return calls
+
+
+def test_runner_commit_merges_the_planned_splits(merge_calls: list[Any]) -> None:
+    r = _runner({"o-0": 0, "o-1": 0}, {"o-0": 300, "o-1": 50}, minPartitions="4")
+    parts = r.partitions({"o-0": 0, "o-1": 40}, {"o-0": 300, "o-1": 50})
+    assert sorted((p.stream, p.start, p.end) for p in parts) == [
+        ("o-0", 0, 100),
+        ("o-0", 100, 200),
+        ("o-0", 200, 300),
+        ("o-1", 40, 50),
+    ]
+    r.commit({"o-0": 300, "o-1": 50})
+    assert sorted(merge_calls) == [
+        (0, [(0, 100, 100), (100, 200, 200), (200, 300, 300)]),
+        (40, [(40, 50, 50)]),
+    ]
+    assert r.meta.client.stored == [("etl", {"o-0": 299, "o-1": 49})]
+    assert r._plans == {}, "a committed batch's plan is forgotten"
+
+
+def test_runner_commit_of_a_batch_it_did_not_plan_stores_the_end(merge_calls: list[Any]) -> None:
+    r = _runner({"o-0": 0}, {"o-0": 300}, minPartitions="3")  # a restarted runner: no partitions() call
+    r.commit({"o-0": 300})
+    assert merge_calls == []
+    assert r.meta.client.stored == [("etl", {"o-0": 299})]
+
+
+def test_runner_commit_stops_at_a_split_missing_from_the_plan(caplog: pytest.LogCaptureFixture) -> None:
+    r = _runner({"o-0": 0}, {"o-0": 300}, minPartitions="3")
+    r.partitions({"o-0": 0}, {"o-0": 300})
+    starts, splits = r._plans['{"o-0":300}']
+    r._plans['{"o-0":300}'] = (starts, [x for x in splits if x.start != 100])  # [100, 200) lost
+    assert r.committed_offsets({"o-0": 300}) == {"o-0": 100}
+    assert "merge to 100, not its end 300" in caplog.text
+
+
+def test_runner_commit_of_streams_without_splits_and_of_empty_batches() -> None:
+    r = _runner({"o-0": 0, "o-1": 0}, {"o-0": 10, "o-1": 7})
+    assert r.partitions({"o-0": 10, "o-1": 5}, {"o-0": 10, "o-1": 7}) != []
+    assert r.committed_offsets({"o-0": 10, "o-1": 7}) == {"o-0": 10, "o-1": 7}
+    assert r.partitions({"o-0": 0}, {"o-0": 0}) == []
+    r.commit({"o-0": 0})
+    assert r.meta.client.stored == [], "nothing read yet: nothing to store (no offset -1)"
+
+
+def test_runner_forgets_older_plans_and_keeps_a_bounded_number() -> None:
+    from pyspark_rmqs.spark.streaming import MAX_PLANS
+
+    r = _runner({"o-0": 0}, {"o-0": 10_000})
+    for end in range(1, MAX_PLANS + 6):
+        r.partitions({"o-0": end - 1}, {"o-0": end})
+    assert len(r._plans) == MAX_PLANS
+    assert '{"o-0":5}' not in r._plans and '{"o-0":6}' in r._plans
+    r.commit({"o-0": 10})
+    assert sorted(json.loads(k)["o-0"] for k in r._plans) == list(range(11, MAX_PLANS + 6))
+    r.partitions({"o-0": 11}, {"o-0": 30})  # planned again with another end: the latest plan counts
+    assert r.committed_offsets({"o-0": 30}) == {"o-0": 30}
+    assert r.__getstate__()["_plans"] == {}, "plans stay on the driver"

@@ -1,8 +1,9 @@
 """Structured Streaming micro-batch reads: admission control, AvailableNow, best-effort broker commits.
 
 The driver-side runner owns offsets; executors only see what `partitions()` puts in each
-InputPartition. Spark's checkpoint is the source of truth: `commit(end)` stores `end - 1` per
-partition stream in the broker in the background, as metadata that never gates Spark.
+InputPartition. Spark's checkpoint is the source of truth: `commit(end)` stores the last committed
+offset per partition stream in the broker in the background, as metadata that never gates Spark;
+with `minPartitions`, that offset is the merge of the batch's splits (DESIGN §6).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ TAIL_TTL_S = 0.5  # Spark polls latestOffset ~30 times a second when idle
 PARTITIONS_TTL_S = 30.0
 COMMIT_TIMEOUT_S = 30.0
 COMMIT_WAIT_S = 5.0
+MAX_PLANS = 16  # planned batches kept until committed; Spark has at most a couple outstanding
 
 
 class _Metadata:
@@ -81,6 +83,8 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         self._snapshot: dict[str, int] | None = None
         self._avg_size = float(opts.estimated_message_size_bytes)
         self._commit_thread: threading.Thread | None = None
+        # Batches planned in this process, by their end offsets: (planned starts, splits).
+        self._plans: dict[str, tuple[dict[str, int], list[off.OffsetRange]]] = {}
 
     # -- driver side ---------------------------------------------------------------------------
 
@@ -203,14 +207,66 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         missing = [s for s in end if s not in firsts and end[s] > start.get(s, 0)]
         for s in missing:
             report_data_loss(self.opts.fail_on_data_loss, f"partition stream '{s}' no longer exists")
-        ranges = off.plan_ranges({s: v for s, v in starts.items() if s not in missing}, end)
-        return to_partitions(off.split_ranges(ranges, self.opts.min_partitions))
+        starts = {s: v for s, v in starts.items() if s not in missing}
+        splits = off.split_ranges(off.plan_ranges(starts, end), self.opts.min_partitions)
+        self._remember(end, starts, splits)
+        return to_partitions(splits)
+
+    def _remember(self, end: dict[str, int], starts: dict[str, int], splits: list[off.OffsetRange]) -> None:
+        key = off.offsets_to_json(end)
+        self._plans.pop(key, None)  # planned again (a retried batch): the latest plan is the one run
+        self._plans[key] = (dict(starts), list(splits))
+        while len(self._plans) > MAX_PLANS:
+            del self._plans[next(iter(self._plans))]
+
+    def committed_offsets(self, end: dict[str, int]) -> dict[str, int]:
+        """Next offset per stream once the batch ending at `end` is committed: its splits, merged.
+
+        Spark commits a batch to its source only after every task of the batch succeeded, so each
+        split planned for it is complete (committed = its end) and the merge of SPEC's "Split offset
+        merge" gives the stream's next offset; a stream without splits (nothing to read) is at `end`.
+
+        The splits are known only for batches planned by this runner: after a restart, Spark may
+        commit a batch that an earlier process planned, and this process never saw its
+        `partitions()`. Then the result is `end` itself, which is what Spark committed for the whole
+        batch (its checkpoint says so too), rather than guessing at splits that are not known.
+        Plans planned before the committed one are forgotten with it.
+        """
+        key = off.offsets_to_json(end)
+        if key not in self._plans:
+            log.debug("batch ending at %s was not planned by this runner: committing its end", key)
+            return dict(end)
+        for k in list(self._plans):  # insertion order: this batch and the ones planned before it
+            plan = self._plans.pop(k)
+            if k == key:
+                starts, splits = plan
+                break
+        out: dict[str, int] = {}
+        for s, e in end.items():
+            results = [(r.start, r.end, r.end) for r in splits if r.stream == s]
+            if not results:
+                out[s] = e
+                continue
+            merged = off.merge_committed_splits(starts[s], results)
+            if merged != e:
+                log.warning(
+                    "the splits of stream '%s' planned for this batch merge to %d, not its end %d: "
+                    "storing %d",
+                    s,
+                    merged,
+                    e,
+                    merged,
+                )
+            out[s] = merged
+        return out
 
     def commit(self, end: dict[str, int]) -> None:
-        """Store `end - 1` per stream for `consumerName` (best effort, bounded wait, never raises)."""
+        """Store the last committed offset per stream for `consumerName` (best effort, bounded wait,
+        never raises): the batch's merged splits (`committed_offsets`) minus one."""
+        nexts = self.committed_offsets(end)
         if not (self.opts.server_side_offset_tracking and self.opts.consumer_name):
             return
-        last = {s: v - 1 for s, v in end.items() if v > 0}
+        last = {s: v - 1 for s, v in nexts.items() if v > 0}
         if not last:
             return
         previous = self._commit_thread
@@ -245,6 +301,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         state = dict(self.__dict__)
         state["_meta"] = None
         state["_commit_thread"] = None
+        state["_plans"] = {}
         return state
 
     # -- executor side -------------------------------------------------------------------------
