@@ -833,20 +833,28 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         filter_values = _split_list(filter_values_text)
         if not filter_values:
             raise _err("option 'filterValues' must list at least one value (comma-separated)")
+    consumer_name = r.reference("consumerName")
+    # No query id reaches a Python data source: tracking is on by default only with a consumer name.
+    tracking = r.boolean("serverSideOffsetTracking", streaming and consumer_name is not None)
+    if tracking and consumer_name is None:
+        raise _err(
+            "option 'serverSideOffsetTracking'=true stores offsets under option 'consumerName', which is "
+            "not set: set consumerName to a stable name (or drop serverSideOffsetTracking)"
+        )
     return _build(
         SourceOptions,
         connection=connection,
         streaming=streaming,
         stream=stream,
         superstream=superstream,
-        consumer_name=r.reference("consumerName"),
+        consumer_name=consumer_name,
         metadata_fields=_metadata_fields(r),
         fail_on_data_loss=r.boolean("failOnDataLoss", True),
         **fields,
         max_records_per_trigger=r.integer("maxRecordsPerTrigger", None, 1),
         max_bytes_per_trigger=r.integer("maxBytesPerTrigger", None, 1),
         min_partitions=r.integer("minPartitions", None, 1),
-        server_side_offset_tracking=r.boolean("serverSideOffsetTracking", streaming),
+        server_side_offset_tracking=tracking,
         filter_values=filter_values,
         filter_match_unfiltered=r.boolean("filterMatchUnfiltered", False),
         filter_post_filter_class=r.class_path("filterPostFilterClass"),

@@ -526,3 +526,11 @@ def test_runner_forgets_older_plans_and_keeps_a_bounded_number() -> None:
     r.partitions({"o-0": 11}, {"o-0": 30})  # planned again with another end: the latest plan counts
     assert r.committed_offsets({"o-0": 30}) == {"o-0": 30}
     assert r.__getstate__()["_plans"] == {}, "plans stay on the driver"
+
+
+def test_runner_commit_stores_nothing_without_tracking() -> None:
+    r = _runner({"o-0": 0}, {"o-0": 300}, serverSideOffsetTracking="false")
+    r.partitions({"o-0": 0}, {"o-0": 300})
+    r.commit({"o-0": 300})
+    assert r.meta.client.stored == []
+    assert r._plans == {}, "the plan is forgotten all the same"

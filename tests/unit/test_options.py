@@ -138,14 +138,27 @@ def test_batch_source_defaults() -> None:
 def test_streaming_source_defaults() -> None:
     o = source(streaming=True)
     assert o.streaming is True
-    assert o.server_side_offset_tracking is True
+    assert o.server_side_offset_tracking is False  # no consumerName: nothing to store offsets under
+    assert source(streaming=True, consumerName="etl").server_side_offset_tracking is True
     assert o.ending_offsets is None
     assert o.starting_offsets == "earliest"
 
 
 @pytest.mark.parametrize(("streaming", "value", "expected"), [(True, "false", False), (False, "TRUE", True)])
 def test_server_side_offset_tracking_can_be_overridden(streaming: bool, value: str, expected: bool) -> None:
-    assert source(streaming, serverSideOffsetTracking=value).server_side_offset_tracking is expected
+    o = source(streaming, consumerName="etl", serverSideOffsetTracking=value)
+    assert o.server_side_offset_tracking is expected
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_server_side_offset_tracking_true_needs_a_consumer_name(streaming: bool) -> None:
+    with pytest.raises(ConfigurationError) as e:
+        source(streaming, serverSideOffsetTracking="true")
+    assert str(e.value) == (
+        "option 'serverSideOffsetTracking'=true stores offsets under option 'consumerName', which is "
+        "not set: set consumerName to a stable name (or drop serverSideOffsetTracking)"
+    )
+    assert source(streaming, serverSideOffsetTracking="false").server_side_offset_tracking is False
 
 
 def test_sink_defaults() -> None:
