@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# A real local RabbitMQ 4.0 broker for rmqs: up | down | restart | status | tls-dir | ctl ARGS | streams ARGS
+# A real local RabbitMQ 4.0 broker for rmqs:
+#   up | down | restart | status | pids | tls-dir | ctl ARGS | streams ARGS | plugins ARGS
 #
-# Debian 13 hosts use the distribution's rabbitmq-server. Debian 12 hosts (whose package is 3.10:
-# no super streams, no StreamStats) run Debian trixie's package inside a debootstrap chroot that is
-# kept in a machine-level cache ($RMQS_BROKER_HOME), so fresh clones reuse it. The host's libc is
-# never touched. Listens on loopback only: stream 5552, stream over TLS 5551, AMQP 5672, management
-# 15672. `up` creates (once) a test CA, a server certificate for localhost / 127.0.0.1 and a client
+# Debian 13 hosts use the distribution's rabbitmq-server ("host mode"); its own systemd/init service
+# is disabled and masked, this script alone starts and stops the broker. Debian 12 hosts (whose
+# package is 3.10: no super streams, no StreamStats) run Debian trixie's package inside a
+# debootstrap chroot ("chroot mode") that is kept in a machine-level cache ($RMQS_BROKER_HOME), so
+# fresh clones reuse it. The host's libc is never touched. RMQS_BROKER_MODE=host|chroot forces a mode.
+# Listens on loopback only: stream 5552, stream over TLS 5551, AMQP 5672, management 15672, epmd 4369
+# (RMQS_STREAM_PORT, RMQS_STREAM_TLS_PORT, RMQS_AMQP_PORT, RMQS_MANAGEMENT_PORT, RMQS_EPMD_PORT; a
+# second broker beside the default one needs its own RMQS_BROKER_HOME and all five).
+# The broker runs as the service user `rabbitmq`, created by this script with a uid and gid that no
+# host account or group uses (the first free one from $RMQS_BROKER_UID_BASE, default 65536); an older
+# chroot whose user collides is moved to such a uid at the next `up`.
+# `up` creates (once) a test CA, a server certificate for localhost / 127.0.0.1 and a client
 # certificate in the tls folder (`tls-dir` prints its host path); they are for tests only.
-# With RMQS_TEST_URI set, another broker is in use and this script starts nothing.
+# Every command exits 0 when it did its job and says what it did; otherwise it exits non-zero with a
+# message (`status`: 3 when stopped). With RMQS_TEST_URI set, another broker is in use and this
+# script starts nothing.
 set -euo pipefail
 
 HOME_DIR="${RMQS_BROKER_HOME:-/var/cache/rmqs-broker}"
@@ -16,20 +26,26 @@ STREAM_PORT="${RMQS_STREAM_PORT:-5552}"
 TLS_PORT="${RMQS_STREAM_TLS_PORT:-5551}"
 AMQP_PORT="${RMQS_AMQP_PORT:-5672}"
 MGMT_PORT="${RMQS_MANAGEMENT_PORT:-15672}"
-ROOT="$HOME_DIR/trixie"          # the chroot (Debian 12 hosts only)
+EPMD_PORT="${RMQS_EPMD_PORT:-4369}"
+DIST_PORT=$((AMQP_PORT + 20000))  # Erlang distribution (RabbitMQ's default rule); CLI tools +10000
+UID_BASE="${RMQS_BROKER_UID_BASE:-65536}"
+SERVICE_USER=rabbitmq
+ROOT="$HOME_DIR/trixie"          # the chroot (chroot mode only)
 PIDFILE="$HOME_DIR/broker.pid"
 LOG="$HOME_DIR/broker.log"
 
 log() { printf 'broker: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-host_major() { . /etc/os-release; echo "${VERSION_ID%%.*}"; }
+# shellcheck disable=SC1091
+host_major() { local v; v="$(. /etc/os-release 2>/dev/null; echo "${VERSION_ID:-0}")"; echo "${v%%.*}"; }
 
-use_chroot() {
-    [[ "${RMQS_BROKER_MODE:-}" == chroot ]] && return 0
-    [[ "${RMQS_BROKER_MODE:-}" == host ]] && return 1
-    [[ "$(host_major)" -lt 13 ]]
-}
+case "${RMQS_BROKER_MODE:-}" in
+    host | chroot) MODE="$RMQS_BROKER_MODE" ;;
+    "") if [[ "$(host_major)" -ge 13 ]]; then MODE=host; else MODE=chroot; fi ;;
+    *) die "RMQS_BROKER_MODE must be host or chroot, not '$RMQS_BROKER_MODE'" ;;
+esac
+use_chroot() { [[ $MODE == chroot ]]; }
 
 # The node directory as the broker sees it, and as the host sees it.
 node_dir() { if use_chroot; then echo /rmqs; else echo "$HOME_DIR/node"; fi; }
@@ -48,41 +64,131 @@ apt_install() {
 }
 
 broker_env() { # one VAR=value per line (values may hold spaces)
-    local n; n="$(node_dir)"
+    local n p; n="$(node_dir)"; p="$(plugins_dir)"
     # HOME is the rabbitmq user's: Debian's CLI wrappers read the Erlang cookie from there.
     printf '%s\n' HOME=/var/lib/rabbitmq PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-        RABBITMQ_NODENAME=rabbit@localhost ERL_EPMD_ADDRESS=127.0.0.1 \
+        RABBITMQ_NODENAME=rabbit@localhost ERL_EPMD_ADDRESS=127.0.0.1 ERL_EPMD_PORT="$EPMD_PORT" \
+        RABBITMQ_DIST_PORT="$DIST_PORT" RABBITMQ_CTL_DIST_PORT_MIN=$((DIST_PORT + 10000)) \
+        RABBITMQ_CTL_DIST_PORT_MAX=$((DIST_PORT + 10010)) \
         RABBITMQ_CONFIG_FILE="$n/rabbitmq.conf" \
         RABBITMQ_ENABLED_PLUGINS_FILE="$n/enabled_plugins" \
-        RABBITMQ_PLUGINS_DIR="$(plugins_dir)" \
+        RABBITMQ_PLUGINS_DIR="$p" \
         RABBITMQ_MNESIA_BASE="$n/mnesia" RABBITMQ_LOG_BASE="$n/log" \
         RABBITMQ_PID_FILE="$n/rabbit.pid" RABBITMQ_LOGS=- \
         RABBITMQ_ADVANCED_CONFIG_FILE="$n/advanced.config" \
         "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"
     # The last line: CLI tools (rabbitmqctl...) are Erlang nodes too; keep their listener on loopback.
+    # RABBITMQ_CONFIG_FILE also marks our processes in host mode (see ours_pids).
 }
 
 plugins_dir() {
-    local base=""; use_chroot && base="$ROOT"
-    local d; d="$(ls -d "$base"/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins 2>/dev/null | sort -V | tail -1)"
-    echo "${d#"$base"}"
+    local base=""; if use_chroot; then base="$ROOT"; fi
+    local d
+    d="$(printf '%s\n' "$base"/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins | sort -V | tail -1)" || true
+    if [[ -d "$d" ]]; then echo "${d#"$base"}"; fi
 }
 
-# Run a command as the rabbitmq user with the node's environment.
+# Run a command as the service user with the node's environment (never holding our lock).
 as_rabbit() {
     local -a envs; mapfile -t envs < <(broker_env)
     if use_chroot; then
-        as_root chroot --userspec=rabbitmq:rabbitmq "$ROOT" env -i "${envs[@]}" "$@"
+        as_root chroot --userspec="$SERVICE_USER:$SERVICE_USER" "$ROOT" env -i "${envs[@]}" "$@" 9>&-
     else
-        as_root runuser -u rabbitmq -- env -i "${envs[@]}" "$@"
+        as_root runuser -u "$SERVICE_USER" -- env -i "${envs[@]}" "$@" 9>&-
     fi
 }
+
+# ---------------------------------------------------------------------------- the service user
+
+# uid:gid of a user as the broker's passwd sees it ("" when there is none).
+id_of() {
+    local passwd=/etc/passwd; if use_chroot; then passwd="$ROOT/etc/passwd"; fi
+    [[ -r "$passwd" ]] || return 0
+    awk -F: -v u="$1" '$1==u {print $3":"$4}' "$passwd"
+}
+
+service_ids() { # uid:gid of the service user; fails with a message when it does not exist
+    local ids; ids="$(id_of "$SERVICE_USER")"
+    [[ -n "$ids" ]] || die "there is no $SERVICE_USER user $(if use_chroot; then echo "in the chroot $ROOT"; else echo "on this host"; fi)"
+    echo "$ids"
+}
+
+# The first n >= UID_BASE that is neither a uid nor a gid on the host (NSS included: `getent`) nor,
+# when a root is given, in that root's /etc/passwd and /etc/group. Deterministic: the same files give
+# the same answer. 65536 and up is the range Debian's adduser never allocates (and above systemd's
+# dynamic users, 61184-65519); host accounts come from 0-59999.
+free_id() {
+    local root="${1:-}" n
+    for ((n = UID_BASE; n < UID_BASE + 10000; n++)); do
+        if getent passwd "$n" >/dev/null || getent group "$n" >/dev/null; then continue; fi
+        if [[ -n "$root" ]] && awk -F: -v n="$n" '$3 == n {f = 1} END {exit !f}' "$root/etc/passwd" "$root/etc/group"; then
+            continue
+        fi
+        echo "$n"; return 0
+    done
+    die "no free uid/gid in $UID_BASE..$((UID_BASE + 9999))"
+}
+
+# Why the chroot's service user must move (empty when it need not): its uid or gid is a host
+# account's or group's, or lies where host accounts are allocated (below UID_BASE).
+chroot_id_problem() {
+    local uid="$1" gid="$2" who grp
+    who="$(getent passwd "$uid")" || who=""
+    grp="$(getent group "$gid")" || grp=""
+    if [[ -n "$who" ]]; then echo "uid $uid is the host user ${who%%:*}'s"
+    elif [[ -n "$grp" ]]; then echo "gid $gid is the host group ${grp%%:*}'s"
+    elif (( uid < UID_BASE || gid < UID_BASE )); then echo "uid $uid / gid $gid lie below $UID_BASE, where host accounts are allocated"
+    fi
+    return 0
+}
+
+# Create the service user (and its group) with uid = gid = n, on the host or in the root $1.
+create_service_user() {
+    local root="$1" n="$2" out
+    local -a in_root=(); if [[ -n "$root" ]]; then in_root=(chroot "$root"); fi
+    # --system keeps useradd away from /etc/subuid; it warns that n is above SYS_UID_MAX: ignored.
+    out="$(as_root "${in_root[@]}" groupadd --system --gid "$n" "$SERVICE_USER" 2>&1)" \
+        || die "groupadd $SERVICE_USER failed: $out"
+    out="$(as_root "${in_root[@]}" useradd --system --uid "$n" --gid "$n" --home-dir /var/lib/rabbitmq \
+        --no-create-home --shell /usr/sbin/nologin --comment "RabbitMQ messaging server" "$SERVICE_USER" 2>&1)" \
+        || die "useradd $SERVICE_USER failed: $out"
+}
+
+# Host mode: the service user exists before the package is installed (its postinst then keeps it).
+ensure_host_user() {
+    getent passwd "$SERVICE_USER" >/dev/null && return 0
+    getent group "$SERVICE_USER" >/dev/null \
+        && die "a $SERVICE_USER group exists but no $SERVICE_USER user: remove the group or create the user"
+    local n; n="$(free_id "")"
+    log "creating the service user $SERVICE_USER (uid $n, gid $n: no host account or group uses them)"
+    create_service_user "" "$n"
+}
+
+# Chroot mode: move a service user whose uid/gid collides with the host's accounts to a free one,
+# and every file in the chroot that the old uid/gid owned (node folder, cookie, logs, server key).
+ensure_chroot_user() {
+    local ids uid gid why n grp
+    ids="$(service_ids)"; uid="${ids%%:*}"; gid="${ids#*:}"
+    why="$(chroot_id_problem "$uid" "$gid")"
+    [[ -z "$why" ]] && return 0
+    grp="$(awk -F: -v g="$gid" '$3 == g {print $1}' "$ROOT/etc/group")"
+    [[ "$grp" == "$SERVICE_USER" ]] || die "the chroot's $SERVICE_USER user has primary group '$grp', not $SERVICE_USER: rebuild the chroot (remove $ROOT)"
+    n="$(free_id "$ROOT")"
+    log "moving the chroot's $SERVICE_USER user from uid $uid / gid $gid to $n / $n ($why)"
+    as_root chroot "$ROOT" groupmod --gid "$n" "$SERVICE_USER" || die "groupmod in $ROOT failed"
+    as_root chroot "$ROOT" usermod --uid "$n" --gid "$n" "$SERVICE_USER" || die "usermod in $ROOT failed"
+    as_root find "$ROOT" -xdev -uid "$uid" -exec chown -h "$n" {} + || die "chown in $ROOT failed"
+    as_root find "$ROOT" -xdev -gid "$gid" -exec chgrp -h "$n" {} + || die "chgrp in $ROOT failed"
+    log "moved: files of uid $uid / gid $gid in $ROOT now belong to $n / $n"
+}
+
+# ---------------------------------------------------------------------------- installation
 
 install_chroot() {
     [[ -x "$ROOT/usr/sbin/rabbitmq-server" ]] && return 0
     command -v debootstrap >/dev/null || { log "installing debootstrap"; apt_install debootstrap; }
     local tmp="$ROOT.partial"
-    [[ -d "$tmp" ]] && { umount_proc "$tmp"; as_root rm -rf --one-file-system "$tmp"; }
+    if [[ -d "$tmp" ]]; then umount_proc "$tmp"; as_root rm -rf --one-file-system "$tmp"; fi
     log "creating a Debian trixie chroot in $ROOT (once per machine, ~1 min)"
     as_root debootstrap --variant=minbase trixie "$tmp" "$MIRROR" >"$HOME_DIR/debootstrap.log" 2>&1 \
         || die "debootstrap failed, see $HOME_DIR/debootstrap.log"
@@ -91,6 +197,10 @@ install_chroot() {
     as_root chmod 755 "$tmp/usr/sbin/policy-rc.d"
     printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' | as_root tee "$tmp/etc/hosts" >/dev/null
     as_root cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
+    # The service user first, with ids no host account uses (the package's postinst keeps it).
+    local n; n="$(free_id "$tmp")"
+    log "creating the chroot's service user $SERVICE_USER (uid $n, gid $n: no host or chroot account uses them)"
+    create_service_user "$tmp" "$n"
     as_root mount -t proc proc "$tmp/proc"
     log "installing rabbitmq-server in the chroot"
     if ! as_root chroot "$tmp" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
@@ -102,19 +212,62 @@ install_chroot() {
 }
 
 install_host() {
+    ensure_host_user
     if ! dpkg -s rabbitmq-server >/dev/null 2>&1; then
-        log "installing rabbitmq-server from Debian $(host_major)"
+        log "installing rabbitmq-server from Debian $(host_major) (its own service stays off: this script runs the broker)"
         local added=0
-        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        if [[ ! -e /usr/sbin/policy-rc.d ]]; then  # maintainer scripts must not start the service
             printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
             as_root chmod 755 /usr/sbin/policy-rc.d; added=1
         fi
-        apt_install rabbitmq-server || { [[ $added == 1 ]] && as_root rm -f /usr/sbin/policy-rc.d; die "apt-get install rabbitmq-server failed"; }
-        [[ $added == 1 ]] && as_root rm -f /usr/sbin/policy-rc.d
+        if ! apt_install rabbitmq-server; then
+            if [[ $added == 1 ]]; then as_root rm -f /usr/sbin/policy-rc.d; fi
+            die "apt-get install rabbitmq-server failed"
+        fi
+        disable_distro_service
+        if [[ $added == 1 ]]; then as_root rm -f /usr/sbin/policy-rc.d; fi
     fi
+    disable_distro_service  # on every `up`: an upgrade or an admin may have turned it back on
+}
+
+# The distribution's rabbitmq-server service (node rabbit@<hostname>, /etc/rabbitmq, default ports)
+# must never run beside, or instead of, the broker this script controls: stopped when running,
+# disabled and masked for systemd, disabled for sysvinit. Idempotent and quiet when already so.
+disable_distro_service() {
+    local unit=rabbitmq-server.service link=/etc/systemd/system/rabbitmq-server.service did=()
+    if [[ -d /run/systemd/system ]] && systemctl is-active --quiet "$unit" 2>/dev/null; then
+        as_root systemctl stop "$unit" || die "could not stop the distribution's $unit"
+        did+=(stopped)
+    fi
+    if [[ -e /etc/systemd/system/multi-user.target.wants/$unit ]]; then
+        if command -v deb-systemd-helper >/dev/null; then as_root deb-systemd-helper disable "$unit" >/dev/null 2>&1 || true; fi
+        as_root rm -f "/etc/systemd/system/multi-user.target.wants/$unit"
+        did+=(disabled)
+    fi
+    if [[ "$(readlink "$link" 2>/dev/null || true)" != /dev/null ]]; then
+        if [[ -e "$link" && ! -L "$link" ]]; then
+            log "warning: $link is a local unit file; not masking it (disable it yourself)"
+        else
+            as_root mkdir -p /etc/systemd/system
+            as_root ln -sfn /dev/null "$link"
+            did+=(masked)
+        fi
+    fi
+    local s; for s in /etc/rc[2-5].d/S[0-9][0-9]rabbitmq-server; do
+        [[ -e "$s" ]] || continue
+        as_root update-rc.d rabbitmq-server disable >/dev/null 2>&1 || as_root rm -f /etc/rc[2-5].d/S[0-9][0-9]rabbitmq-server
+        did+=("disabled (sysvinit)"); break
+    done
+    if (( ${#did[@]} )); then
+        if [[ -d /run/systemd/system ]]; then as_root systemctl daemon-reload || true; fi
+        log "the distribution's rabbitmq-server service: ${did[*]} (this script alone runs the broker)"
+    fi
+    return 0
 }
 
 umount_proc() { local r="$1"; if mountpoint -q "$r/proc" 2>/dev/null; then as_root umount -l "$r/proc"; fi; }
+
+# ---------------------------------------------------------------------------- TLS material
 
 tls_ready() { local f; for f in "${TLS_FILES[@]}"; do [[ -s "$(tls_dir_host)/$f" ]] || return 1; done; }
 
@@ -123,7 +276,7 @@ gen_tls() { # into folder $1, which holds openssl.cnf
     as_root openssl req -x509 -new -newkey rsa:2048 -nodes -sha256 -days 3650 -config "$tmp/openssl.cnf" \
         -extensions ca -subj "/CN=rmqs test CA" -keyout "$tmp/ca.key" -out "$tmp/ca.pem" || return 1
     for who in server client; do
-        cn=localhost; [[ $who == client ]] && cn=rmqs-test-client
+        cn=localhost; if [[ $who == client ]]; then cn=rmqs-test-client; fi
         as_root openssl req -new -newkey rsa:2048 -nodes -sha256 -config "$tmp/openssl.cnf" \
             -subj "/CN=$cn" -keyout "$tmp/$who.key" -out "$tmp/$who.csr" || return 1
         as_root openssl x509 -req -sha256 -days 3650 -in "$tmp/$who.csr" -CA "$tmp/ca.pem" \
@@ -172,17 +325,17 @@ CNF
         as_root mv "$tmp" "$dir"
     fi
     # Ownership and modes on every `up` (the rabbitmq uid/gid may change with a new chroot).
-    local gid; gid="$(id_of rabbitmq)"; gid="${gid#*:}"
+    local ids; ids="$(service_ids)"
     as_root chown root:root "$dir" "$dir"/*
     as_root chmod 755 "$dir"
     as_root chmod 644 "$dir"/*.pem "$dir/client.key" "$dir/openssl.cnf"
     as_root chmod 600 "$dir/ca.key"
-    as_root chown "root:$gid" "$dir/server.key"
+    as_root chown "root:${ids#*:}" "$dir/server.key"
     as_root chmod 640 "$dir/server.key"
 }
 
 write_config() {
-    local n t; n="$(node_dir_host)"; t="$(tls_dir)"
+    local n t ids; n="$(node_dir_host)"; t="$(tls_dir)"; ids="$(service_ids)"
     as_root mkdir -p "$n/mnesia" "$n/log"
     cat <<CONF | as_root tee "$n/rabbitmq.conf" >/dev/null
 listeners.tcp.1 = 127.0.0.1:$AMQP_PORT
@@ -206,28 +359,48 @@ CONF
     echo '[rabbitmq_management,rabbitmq_stream,rabbitmq_stream_management].' | as_root tee "$n/enabled_plugins" >/dev/null
     # Erlang distribution (CLI tools <-> node) on loopback only, like every other listener.
     echo '[{kernel, [{inet_dist_use_interface, {127,0,0,1}}]}].' | as_root tee "$n/advanced.config" >/dev/null
-    as_root chown -R "$(id_of rabbitmq)" "$n"
+    as_root chown -R "$ids" "$n"
 }
 
-id_of() { # uid:gid of a user as the broker's passwd sees it
-    local passwd=/etc/passwd; use_chroot && passwd="$ROOT/etc/passwd"
-    awk -F: -v u="$1" '$1==u {print $3":"$4}' "$passwd"
-}
+# ---------------------------------------------------------------------------- our processes
 
-# Every process whose root is the chroot is ours (the broker, epmd, erl_child_setup...).
-chroot_pids() {
-    local real p; real="$(readlink -f "$ROOT")"
-    for p in /proc/[0-9]*; do
-        if [[ "$(readlink "$p/root" 2>/dev/null)" == "$real" ]]; then echo "${p#/proc/}"; fi
-    done
+# Prints the pids of our processes, one a line, and never fails. chroot mode: every process whose
+# root is the chroot (the broker, epmd, erl_child_setup, CLI tools...). host mode: every process
+# whose root is ours and whose environment or command line holds this node's RABBITMQ_CONFIG_FILE
+# (broker_env gives it to the broker, its epmd and the CLI tools; runuser has it in its arguments):
+# neither another broker on this host nor one in a chroot (whose root differs) is ever taken for ours.
+# Runs in one `bash -c` as root: other users' /proc entries are readable by root only.
+scan_pids() {
+    local mode="$1" target="$2" node="$3" p f
+    if [[ $mode == chroot ]]; then
+        for p in /proc/[0-9]*; do
+            if [[ "$p/root" -ef "$target" ]]; then echo "${p#/proc/}"; fi
+        done
+    else
+        # The pattern comes from a file, so that no command line here equals it (grep's would).
+        grep -lsFzx -f <(printf 'RABBITMQ_CONFIG_FILE=%s/rabbitmq.conf\n' "$node") \
+                /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null \
+            | while IFS= read -r f; do
+                p="${f%/*}"
+                if [[ "$p/root" -ef "$target" ]]; then echo "${p#/proc/}"; fi
+            done | sort -un
+    fi
     return 0
 }
 
 ours_pids() {
-    if use_chroot; then chroot_pids; return; fi
-    # host mode: the broker we started and its epmd
-    [[ -f "$PIDFILE" ]] && cat "$PIDFILE"
-    [[ -f "$HOME_DIR/epmd.pid" ]] && cat "$HOME_DIR/epmd.pid"
+    local target=/; if use_chroot; then target="$ROOT"; fi
+    [[ -d "$target" ]] || return 0
+    as_root bash -c "$(declare -f scan_pids); scan_pids \"\$@\"" scan_pids "$MODE" "$target" "$(node_dir)" || true
+}
+
+# The pids among $@ whose command is $1 (e.g. beam.smp, epmd).
+pids_named() {
+    local want="$1" p c; shift
+    for p in "$@"; do
+        c=""; read -r c <"/proc/$p/comm" 2>/dev/null || true
+        if [[ "$c" == "$want" ]]; then echo "$p"; fi
+    done
     return 0
 }
 
@@ -235,75 +408,142 @@ running() { as_rabbit rabbitmqctl -q -t 5 await_startup >/dev/null 2>&1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Node names registered with the epmd on 127.0.0.1:$EPMD_PORT (nothing when none listens): the
+# NAMES_REQ of the epmd protocol (length 1, 'n'); the answer is epmd's port (4 bytes), then text.
+# shellcheck disable=SC2016
+epmd_names() {
+    timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "\000\001n" >&3 && tail -c +5 <&3' \
+        epmd_names "$EPMD_PORT" 2>/dev/null | awk '$1 == "name" {print $2}' || true
+}
+
+lock() { exec 9>"$HOME_DIR/.lock"; flock 9; }
+
+# shellcheck disable=SC2016
+broker_version_pkg() {
+    if use_chroot; then as_root chroot "$ROOT" dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || true
+    else dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || true; fi
+}
+
+mode_text() {
+    if use_chroot; then echo "chroot mode: Debian trixie's package in $ROOT"
+    else echo "host mode: Debian $(host_major)'s package"; fi
+}
+
+# ---------------------------------------------------------------------------- commands
+
 cmd_up() {
     if [[ -n "${RMQS_TEST_URI:-}" ]]; then log "RMQS_TEST_URI is set: using that broker, starting nothing"; return 0; fi
     as_root mkdir -p "$HOME_DIR"
-    exec 9>"$HOME_DIR/.lock"; flock 9
+    lock
     if use_chroot; then install_chroot; else install_host; fi
-    make_tls
-    if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null && running; then
-        log "already running (pid $(cat "$PIDFILE"))"
-        port_open "$TLS_PORT" || log "no TLS listener on 127.0.0.1:$TLS_PORT: it was started with an older configuration; restart it with: $0 down && $0 up"
-        return 0
+    local -a pids; mapfile -t pids < <(ours_pids)
+    if (( ${#pids[@]} )); then
+        if running; then
+            log "already running ($(mode_text); pids ${pids[*]}): nothing to do"
+            port_open "$TLS_PORT" || log "no TLS listener on 127.0.0.1:$TLS_PORT: it was started with an older configuration; restart it with: $0 restart"
+            if use_chroot; then
+                local ids why; ids="$(service_ids)"; why="$(chroot_id_problem "${ids%%:*}" "${ids#*:}")"
+                if [[ -n "$why" ]]; then log "warning: the broker runs as uid ${ids%%:*} and $why; $0 restart moves it to a free uid"; fi
+            fi
+            return 0
+        fi
+        if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
+            die "a broker of ours is running but does not answer (pids ${pids[*]}, see $LOG): run $0 restart"
+        fi
+        die "processes of ours are left over (pids ${pids[*]}, no broker among them): run $0 down first"
     fi
+    if use_chroot; then ensure_chroot_user; fi
+    make_tls
     local port
-    for port in "$STREAM_PORT" "$TLS_PORT"; do
-        if port_open "$port"; then die "port $port is in use by a broker this script did not start (set RMQS_TEST_URI to use it)"; fi
+    for port in "$STREAM_PORT" "$TLS_PORT" "$AMQP_PORT" "$MGMT_PORT" "$DIST_PORT"; do
+        if port_open "$port"; then die "port $port is in use by something this script did not start (set RMQS_TEST_URI to use another broker, or give this one other RMQS_*_PORT values)"; fi
     done
+    if grep -qx rabbit <<<"$(epmd_names)"; then
+        die "the epmd on 127.0.0.1:$EPMD_PORT already knows a node named rabbit, from a broker this script did not start: give this one its own RMQS_EPMD_PORT"
+    fi
     write_config
-    use_chroot && { mountpoint -q "$ROOT/proc" || as_root mount -t proc proc "$ROOT/proc"; }
-    log "starting RabbitMQ ($(broker_version_pkg)) on 127.0.0.1:$STREAM_PORT"
+    if use_chroot && ! mountpoint -q "$ROOT/proc"; then as_root mount -t proc proc "$ROOT/proc"; fi
+    local ids; ids="$(service_ids)"
+    log "starting RabbitMQ $(broker_version_pkg) ($(mode_text); user $SERVICE_USER, uid ${ids%%:*}) on 127.0.0.1:$STREAM_PORT"
     # setsid + closed lock fd: the broker must not hold our lock or terminal.
     local -a envs; mapfile -t envs < <(broker_env)
     if use_chroot; then
-        setsid chroot --userspec=rabbitmq:rabbitmq "$ROOT" env -i "${envs[@]}" \
+        setsid chroot --userspec="$SERVICE_USER:$SERVICE_USER" "$ROOT" env -i "${envs[@]}" \
             /usr/sbin/rabbitmq-server >"$LOG" 2>&1 9>&- </dev/null &
     else
-        setsid runuser -u rabbitmq -- env -i "${envs[@]}" \
+        setsid runuser -u "$SERVICE_USER" -- env -i "${envs[@]}" \
             /usr/sbin/rabbitmq-server >"$LOG" 2>&1 9>&- </dev/null &
     fi
-    echo $! >"$PIDFILE"
+    local pid=$!
+    echo "$pid" | as_root tee "$PIDFILE" >/dev/null
     local deadline=$((SECONDS + 120))
-    until as_rabbit rabbitmqctl -q -t 10 await_startup >/dev/null 2>&1 && port_open "$STREAM_PORT" && port_open "$TLS_PORT"; do
-        if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then tail -30 "$LOG" >&2; die "the broker exited during boot, see $LOG"; fi
-        (( SECONDS < deadline )) || { tail -30 "$LOG" >&2; die "the broker did not boot within 120 s, see $LOG"; }
+    until running && port_open "$STREAM_PORT" && port_open "$TLS_PORT"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -30 "$LOG" >&2 || true; die "the broker exited during boot, see $LOG"
+        fi
+        if (( SECONDS >= deadline )); then tail -30 "$LOG" >&2 || true; die "the broker did not boot within 120 s, see $LOG"; fi
         sleep 1
     done
-    if ! use_chroot; then pgrep -x epmd -u rabbitmq >"$HOME_DIR/epmd.pid" 2>/dev/null || true; fi
-    log "up: stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT, amqp :$AMQP_PORT, management http://127.0.0.1:$MGMT_PORT (guest/guest)"
+    log "up: stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT, amqp :$AMQP_PORT, management http://127.0.0.1:$MGMT_PORT (guest/guest), epmd :$EPMD_PORT"
     log "test CA: $(tls_dir_host)/ca.pem (client certificate: client.pem, client.key)"
 }
 
 cmd_down() {
     if [[ -n "${RMQS_TEST_URI:-}" ]]; then log "RMQS_TEST_URI is set: nothing to stop"; return 0; fi
-    [[ -d "$HOME_DIR" ]] || { log "not installed"; return 0; }
-    if use_chroot && [[ ! -d "$ROOT" ]]; then log "not installed"; return 0; fi
-    as_rabbit rabbitmqctl -q -t 30 stop >/dev/null 2>&1 || true
-    local pids i
-    for i in $(seq 1 30); do
-        pids="$(ours_pids | xargs -r)"; pids="$(for p in $pids; do kill -0 "$p" 2>/dev/null && echo "$p"; done | xargs -r)"
-        [[ -z "$pids" ]] && break
-        (( i == 10 )) && as_root kill $pids 2>/dev/null || true
-        (( i == 25 )) && as_root kill -9 $pids 2>/dev/null || true
-        sleep 0.5
+    if [[ ! -d "$HOME_DIR" ]] || { use_chroot && [[ ! -d "$ROOT" ]]; }; then
+        log "down: no broker installed in $HOME_DIR, nothing to stop"; return 0
+    fi
+    lock
+    local -a pids left; mapfile -t pids < <(ours_pids)
+    if (( ${#pids[@]} == 0 )); then
+        if use_chroot; then umount_proc "$ROOT"; fi
+        as_root rm -f "$PIDFILE"
+        log "down: no broker process of ours was running ($(mode_text)), nothing to stop"
+        return 0
+    fi
+    log "stopping RabbitMQ (pids ${pids[*]})"
+    local i
+    if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
+        as_rabbit rabbitmqctl -q -t 30 stop >/dev/null 2>&1 || log "rabbitmqctl stop failed: terminating the processes instead"
+        for ((i = 0; i < 60; i++)); do  # the node exits a moment after `stop` returns
+            mapfile -t left < <(ours_pids)
+            if [[ -z "$(pids_named beam.smp "${left[@]}")" ]]; then break; fi
+            sleep 0.25
+        done
+    fi
+    # What is left (epmd, a node that did not stop): SIGTERM, then SIGKILL after 10 s.
+    local sig
+    for sig in TERM KILL; do
+        mapfile -t left < <(ours_pids)
+        (( ${#left[@]} )) || break
+        log "sending SIG$sig to ${left[*]}"
+        as_root kill -s "$sig" "${left[@]}" 2>/dev/null || true
+        for ((i = 0; i < 40; i++)); do
+            mapfile -t left < <(ours_pids)
+            (( ${#left[@]} )) || break
+            sleep 0.25
+        done
     done
-    use_chroot && umount_proc "$ROOT"
-    rm -f "$PIDFILE" "$HOME_DIR/epmd.pid"
-    log "down"
-}
-
-broker_version_pkg() {
-    if use_chroot; then as_root chroot "$ROOT" dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null
-    else dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null; fi
+    mapfile -t left < <(ours_pids)
+    (( ${#left[@]} == 0 )) || die "processes of ours survived SIGKILL: ${left[*]}"
+    if use_chroot; then umount_proc "$ROOT"; fi
+    as_root rm -f "$PIDFILE"
+    log "down: stopped pids ${pids[*]}; no broker or epmd process of ours is left"
 }
 
 cmd_status() {
-    if [[ -n "${RMQS_TEST_URI:-}" ]]; then echo "external broker: RMQS_TEST_URI"; return 0; fi
-    if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null && running; then
-        echo "running: RabbitMQ $(broker_version_pkg), pid $(cat "$PIDFILE"), stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT$(port_open "$TLS_PORT" || echo ' (not listening: restart)')"
-    else
-        echo "stopped"; return 3
+    if [[ -n "${RMQS_TEST_URI:-}" ]]; then echo "external broker: RMQS_TEST_URI is set, this script manages nothing"; return 0; fi
+    local -a pids; mapfile -t pids < <(ours_pids)
+    if (( ${#pids[@]} == 0 )); then
+        echo "stopped: no broker process of ours is running ($(mode_text), $HOME_DIR)"; return 3
     fi
+    local beam; beam="$(pids_named beam.smp "${pids[@]}" | xargs)"
+    if [[ -n "$beam" ]] && running; then
+        echo "running: RabbitMQ $(broker_version_pkg) ($(mode_text)), pid $beam, stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT$(port_open "$TLS_PORT" || echo ' (not listening: restart)')"
+        return 0
+    fi
+    echo "not answering: processes of ours run (pids ${pids[*]}) but the node does not answer; see $LOG or run $0 restart"
+    return 1
 }
 
 # The host path of the tls folder (ca.pem, client.pem, client.key, ...); fails when `up` has not made it.
@@ -317,9 +557,10 @@ case "${1:-}" in
     down) cmd_down ;;
     restart) cmd_down; cmd_up ;;  # a real process restart (the fault-injection tests use it)
     status) cmd_status ;;
+    pids) ours_pids ;;
     tls-dir) cmd_tls_dir ;;
     ctl) shift; as_rabbit rabbitmqctl "$@" ;;
     streams) shift; as_rabbit rabbitmq-streams "$@" ;;
     plugins) shift; as_rabbit rabbitmq-plugins "$@" ;;
-    *) echo "usage: $0 up|down|restart|status|tls-dir|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|restart|status|pids|tls-dir|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
 esac
