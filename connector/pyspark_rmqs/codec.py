@@ -30,10 +30,58 @@ HEADER, DELIVERY_ANN, MESSAGE_ANN, PROPERTIES, APP_PROPS, DATA, SEQUENCE, VALUE,
 # --------------------------------------------------------------------------- chunk entries
 
 COMPRESSION_CODES = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+_COMPRESSION_NAMES = {code: name for name, code in COMPRESSION_CODES.items()}
+
+MAX_CHUNK_UNCOMPRESSED_BYTES = 256 << 20
+"""Ceiling on the uncompressed bytes of one chunk's sub-entry batches, all together.
+
+A sub-entry header declares its uncompressed size (up to 4 GiB) and any producer can write one, so
+without a ceiling a few kilobytes of compressed zeros could exhaust an executor's memory. A chunk
+arrives in one frame of at most a few MiB; 256 MiB allows a 32-fold expansion of an 8 MiB chunk,
+more than real message batches reach. Each sub-entry is decompressed into a buffer of its declared
+size (plus one byte, to notice more), so this is also the most one chunk can ever allocate.
+"""
 
 
-def _gunzip(data: bytes | memoryview, size: int) -> bytes:
-    return zlib.decompress(data, 16 + zlib.MAX_WBITS)
+class CorruptChunkData(bytes):
+    """A chunk's data that the connection found corrupt (CRC mismatch, cut short).
+
+    It still travels the normal way, so the reader's offsets and credits stay right; reading it
+    raises DataError with `corruption`, where the stream and offset are known.
+    """
+
+    corruption: str
+
+    def __new__(cls, data: bytes, corruption: str) -> CorruptChunkData:
+        self = super().__new__(cls, data)
+        self.corruption = corruption
+        return self
+
+
+def _check_not_flagged(data: bytes | memoryview) -> None:
+    if isinstance(data, CorruptChunkData):
+        raise DataError(f"corrupt chunk: {data.corruption}")
+
+
+def _too_big(size: int) -> DataError:
+    """The decompressor produced more than `size` bytes: the declared size lies (or a bomb)."""
+    return DataError(f"sub-entry decompresses to more than its declared {size} uncompressed bytes")
+
+
+def _gunzip(data: bytes | memoryview, size: int) -> bytes | memoryview:
+    """At most `size + 1` bytes of a gzip stream (several members allowed, as gzip allows)."""
+    out = bytearray()
+    rest = bytes(data)
+    while True:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out += member.decompress(rest, size + 1 - len(out))  # max_length >= 1: 0 would mean "no limit"
+        if len(out) > size:
+            raise _too_big(size)
+        if not member.eof:
+            raise DataError("sub-entry holds a truncated gzip stream")
+        rest = member.unused_data
+        if not rest:
+            return memoryview(out)
 
 
 # The Java and Go clients write the framed formats (snappy framing format, LZ4 frame); raw snappy and
@@ -42,38 +90,47 @@ _SNAPPY_FRAMED = b"\xff\x06\x00\x00sNaPpY"
 _LZ4_FRAME = b"\x04\x22\x4d\x18"
 
 
-def _unsnappy(data: bytes | memoryview, size: int) -> bytes:
+def _stream_into(decompress_into: Callable[[bytes, bytearray], int], data: bytes, size: int) -> memoryview:
+    """Stream-decompress into a buffer of `size + 1` bytes: the decompressor never holds more."""
+    buf = bytearray(size + 1)
+    try:
+        n = decompress_into(data, buf)
+    except Exception as e:
+        if "whole buffer" in str(e):  # cramjam: the output did not fit
+            raise _too_big(size) from None
+        raise
+    if n > size:
+        raise _too_big(size)
+    return memoryview(buf)[:n]
+
+
+def _unsnappy(data: bytes | memoryview, size: int) -> bytes | memoryview:
     import cramjam
 
     raw = bytes(data)
     if raw.startswith(_SNAPPY_FRAMED):
-        return bytes(cramjam.snappy.decompress(raw))
-    claimed = _snappy_length(raw)
-    if claimed > 32 * len(raw) + 32:  # snappy expands at most ~32 times; the buffer is allocated up front
-        raise DataError(f"sub-entry claims {claimed} uncompressed bytes from {len(raw)} snappy bytes")
-    return bytes(cramjam.snappy.decompress_raw(raw))
+        return _stream_into(cramjam.snappy.decompress_into, raw, size)
+    claimed = _snappy_length(raw)  # a raw block starts with its length: check it before allocating
+    if claimed != size:
+        raise DataError(f"sub-entry declares {size} uncompressed bytes but its snappy block claims {claimed}")
+    buf = bytearray(size)
+    return memoryview(buf)[: cramjam.snappy.decompress_raw_into(raw, buf)]
 
 
-def _unlz4(data: bytes | memoryview, size: int) -> bytes:
+def _unlz4(data: bytes | memoryview, size: int) -> bytes | memoryview:
     import cramjam
 
     raw = bytes(data)
     if raw.startswith(_LZ4_FRAME):
-        return bytes(cramjam.lz4.decompress(raw))
-    # The buffer is allocated up front, and a failed allocation aborts the process: LZ4 expands
-    # at most 255 times, so a larger claimed size is corrupt data.
-    if size > 255 * len(raw) + 16:
-        raise DataError(f"sub-entry claims {size} uncompressed bytes from {len(raw)} lz4 bytes")
-    return bytes(cramjam.lz4.decompress_block(raw, output_len=size))
+        return _stream_into(cramjam.lz4.decompress_into, raw, size)
+    buf = bytearray(size)  # a block is decoded whole: into exactly the declared size, never more
+    return memoryview(buf)[: cramjam.lz4.decompress_block_into(raw, buf, output_len=size)]
 
 
-_PREALLOCATE_MAX = 64 << 20  # above this, let the decompressor grow its buffer to the real size
-
-
-def _unzstd(data: bytes | memoryview, size: int) -> bytes:
+def _unzstd(data: bytes | memoryview, size: int) -> bytes | memoryview:
     import cramjam
 
-    return bytes(cramjam.zstd.decompress(bytes(data), output_len=size if size <= _PREALLOCATE_MAX else None))
+    return _stream_into(cramjam.zstd.decompress_into, bytes(data), size)
 
 
 def _snappy_length(raw: bytes) -> int:
@@ -86,7 +143,7 @@ def _snappy_length(raw: bytes) -> int:
     raise DataError("sub-entry holds an invalid snappy block")
 
 
-_DECOMPRESS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
+_DECOMPRESS: dict[int, Callable[[bytes | memoryview, int], bytes | memoryview]] = {
     1: _gunzip,
     2: _unsnappy,
     3: _unlz4,
@@ -94,8 +151,37 @@ _DECOMPRESS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
 }
 
 
+def _inflate(codec: int, payload: memoryview, declared: int) -> memoryview:
+    """A sub-entry's payload uncompressed: exactly `declared` bytes, or DataError."""
+    if codec == 0:
+        out: bytes | memoryview = payload
+    else:
+        fn = _DECOMPRESS.get(codec)
+        if fn is None:
+            raise DataError(f"unknown sub-entry compression code {codec}")
+        try:
+            out = fn(payload, declared)
+        except DataError:
+            raise
+        except Exception as e:  # zlib.error, cramjam.DecompressionError, ...
+            raise DataError(f"cannot decompress a sub-entry ({_COMPRESSION_NAMES[codec]}): {e}") from e
+    if len(out) != declared:
+        raise DataError(
+            f"sub-entry declares {declared} uncompressed bytes but holds {len(out)} "
+            f"({_COMPRESSION_NAMES[codec]})"
+        )
+    return out if isinstance(out, memoryview) else memoryview(out)
+
+
 def chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview]:
-    """The messages of a chunk, one per offset, in order; DataError when the chunk is corrupt."""
+    """The messages of a chunk, one per offset, in order; DataError when the chunk is corrupt.
+
+    Corrupt means: an entry or message that runs past its chunk or batch, bytes left over after
+    the last entry, a sub-entry that does not decompress to exactly its declared size, or
+    declared sizes above `MAX_CHUNK_UNCOMPRESSED_BYTES`. A corrupt chunk is never shortened: which
+    message is which offset cannot be known, whatever `strictDecoding` says.
+    """
+    _check_not_flagged(data)
     try:
         return _chunk_records(data, num_entries)
     except (IndexError, struct.error) as e:
@@ -104,39 +190,53 @@ def chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview
 
 def _chunk_records(data: bytes | memoryview, num_entries: int) -> list[memoryview]:
     mv = data if isinstance(data, memoryview) else memoryview(data)
+    n = len(mv)
     out: list[memoryview] = []
     append = out.append
     unpack = _U32.unpack_from
+    budget = MAX_CHUNK_UNCOMPRESSED_BYTES
     pos = 0
-    for _ in range(num_entries):
+    for i in range(num_entries):
         if mv[pos] & 0x80 == 0:
             (size,) = unpack(mv, pos)
             pos += 4
+            if pos + size > n:
+                raise DataError(f"corrupt chunk: entry {i} needs {size} bytes, {n - pos} are left")
             append(mv[pos : pos + size])
             pos += size
             continue
-        kind, n, uncompressed, size = _SUB_HEADER.unpack_from(mv, pos)
+        kind, records, uncompressed, size = _SUB_HEADER.unpack_from(mv, pos)
         pos += _SUB_HEADER.size
-        payload: bytes | memoryview = mv[pos : pos + size]
+        if pos + size > n:
+            raise DataError(f"corrupt chunk: sub-entry {i} needs {size} bytes, {n - pos} are left")
+        if uncompressed > budget:
+            raise DataError(
+                f"sub-entry {i} claims {uncompressed} uncompressed bytes, more than the "
+                f"{MAX_CHUNK_UNCOMPRESSED_BYTES} bytes a chunk may expand to (MAX_CHUNK_UNCOMPRESSED_BYTES)"
+            )
+        budget -= uncompressed
+        payload = _inflate((kind & 0x70) >> 4, mv[pos : pos + size], uncompressed)
         pos += size
-        codec = (kind & 0x70) >> 4
-        if codec:
-            fn = _DECOMPRESS.get(codec)
-            if fn is None:
-                raise DataError(f"unknown sub-entry compression code {codec}")
-            try:
-                payload = memoryview(fn(payload, uncompressed))
-            except DataError:
-                raise
-            except Exception as e:  # zlib.error, cramjam.DecompressionError, ...
-                raise DataError(f"cannot decompress a sub-entry (compression code {codec}): {e}") from e
-        sub = 0
-        for _ in range(n):
-            (msize,) = unpack(payload, sub)
-            sub += 4
-            append(payload[sub : sub + msize])  # type: ignore[arg-type]
-            sub += msize
+        _batch_records(payload, records, i, out)
+    if pos != n:
+        raise DataError(f"corrupt chunk: {n - pos} bytes are left after its {num_entries} entries")
     return out
+
+
+def _batch_records(payload: memoryview, count: int, entry: int, out: list[memoryview]) -> None:
+    """Append the `count` messages of a sub-entry batch; they must fill its payload exactly."""
+    n = len(payload)
+    unpack = _U32.unpack_from
+    pos = 0
+    for j in range(count):
+        (size,) = unpack(payload, pos)
+        pos += 4
+        if pos + size > n:
+            raise DataError(f"corrupt sub-entry {entry}: message {j} needs {size} bytes, {n - pos} are left")
+        out.append(payload[pos : pos + size])
+        pos += size
+    if pos != n:
+        raise DataError(f"corrupt sub-entry {entry}: {n - pos} bytes are left after its {count} messages")
 
 
 _DATA8 = b"\x00\x53\x75\xa0"
@@ -148,8 +248,10 @@ def chunk_bodies(data: bytes, num_entries: int, skip: int, take: int) -> list[by
 
     One pass over the chunk, no object per message but the body itself. A message that is exactly
     one data section is sliced directly; anything else (other sections, sub-entry batches, invalid
-    AMQP) goes through `chunk_records` and `bodies`.
+    AMQP) goes through `chunk_records` and `bodies`. Records past `skip + take` are not looked at;
+    a record the chunk's bytes cannot hold is a DataError, never a shorter body.
     """
+    _check_not_flagged(data)
     stop = skip + take
     out: list[bytes] = []
     append = out.append
@@ -167,9 +269,11 @@ def chunk_bodies(data: bytes, num_entries: int, skip: int, take: int) -> list[by
             return bodies(chunk_records(data, num_entries)[skip:stop])
         p = pos + 4
         pos = p + size
+        if pos > n:
+            raise DataError(f"corrupt chunk: entry {i} needs {size} bytes, {max(n - p, 0)} are left")
         if i >= skip:
-            # The bounds keep the length reads inside this record (a truncated record ends a chunk).
-            if pos <= n and startswith(_DATA8, p, pos - 1) and data[p + 4] + 5 == size:
+            # The bounds keep the length reads inside this record.
+            if startswith(_DATA8, p, pos - 1) and data[p + 4] + 5 == size:
                 append(data[p + 5 : pos])
             elif startswith(_DATA32, p, pos - 4) and unpack(data, p + 4)[0] + 8 == size:
                 append(data[p + 8 : pos])

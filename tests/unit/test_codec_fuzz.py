@@ -6,7 +6,10 @@ and planted type codes. The contracts (what the reader relies on):
 - `codec.decode` raises ValueError and nothing else;
 - `codec.bodies` never raises and returns one `bytes` per record;
 - `codec.chunk_records` / `codec.chunk_bodies` never raise on well-framed chunks (whatever the
-  messages hold) and raise only ValueError or DataError on corrupt chunk framing;
+  messages hold) and raise only DataError on corrupt chunk framing;
+- hostile chunks (sub-entries whose declared uncompressed size lies, decompression bombs, chunks
+  cut short, chunks the connection flagged as corrupt) raise DataError, never return fewer or
+  padded records, and never allocate much more than the declared size;
 - `BatchBuilder(strict=False)` turns any well-framed chunk into a batch of the exact schema, one row
   per record; `strict=True` raises DataError naming the stream and the offset of the first message
   `decode` rejects, and builds the same batch when there is none.
@@ -14,21 +17,25 @@ and planted type codes. The contracts (what the reader relies on):
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
+import tracemalloc
 import uuid
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import cramjam
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from rstream._pyamqp.message import Properties
 from rstream.amqp import AMQPMessage
 
 from pyspark_rmqs import codec
 from pyspark_rmqs.batches import BatchBuilder
+from pyspark_rmqs.broker import protocol
 from pyspark_rmqs.errors import DataError
 from pyspark_rmqs.schema import METADATA_FIELDS, source_arrow_schema
 
@@ -252,13 +259,13 @@ def corrupt_chunks(draw: st.DrawFn) -> tuple[bytes, int, int]:
 @example((struct.pack(">BHII", 0xB0, 1, 2**32 - 1, 3) + b"\x10ab", 1, 1), None)  # lz4 claiming 4 GiB
 @example((struct.pack(">BHII", 0xC0, 1, 2**32 - 1, 6) + b"\x28\xb5\x2f\xfd\x00\x00", 1, 1), None)  # zstd
 @example((struct.pack(">BHII", 0xA0, 1, 9, 6) + b"\xff\xff\xff\xff\x0f\x00", 1, 1), None)  # snappy raw
-def test_corrupt_chunks_raise_only_value_or_data_error(
+def test_corrupt_chunks_raise_only_data_error(
     chunk: tuple[bytes, int, int], data: st.DataObject | None
 ) -> None:
     raw, entries, n = chunk
     try:
         codec.chunk_records(raw, entries)
-    except (ValueError, DataError):
+    except DataError:
         pass
     skip, take = 0, n
     if data is not None:
@@ -266,7 +273,7 @@ def test_corrupt_chunks_raise_only_value_or_data_error(
         take = data.draw(st.integers(min_value=0, max_value=n - skip))
     try:
         out = codec.chunk_bodies(raw, entries, skip, take)
-    except (ValueError, DataError):
+    except DataError:
         return
     assert all(isinstance(b, bytes) for b in out)
 
@@ -296,6 +303,165 @@ def test_corrupt_chunk_in_batch_builder_names_stream_and_offset() -> None:
     for fields in ((), METADATA_FIELDS):
         with pytest.raises(DataError, match="it holds 2 of the 3 records asked for"):
             BatchBuilder(STREAM, fields).add_chunk(fewer, 2, 0, 3, 7, CHUNK_TS)
+
+
+# --------------------------------------------------------------------------- hostile chunks
+
+COMPRESSED = [name for name in COMPRESSORS if name != "none"]
+
+
+def sub_entry_declaring(messages: list[bytes], compression: str, declared: int) -> bytes:
+    """A sub-entry batch whose header declares `declared` uncompressed bytes, true or not."""
+    code, compress = COMPRESSORS[compression]
+    data = compress(b"".join(entry(m) for m in messages))
+    return struct.pack(">BHII", 0x80 | (code << 4), len(messages), declared, len(data)) + data
+
+
+def assert_rejected(raw: bytes, entries: int, records: int, match: str | None = None) -> None:
+    """Every way of reading the chunk raises DataError; the BatchBuilder names stream and offset."""
+    with pytest.raises(DataError, match=match):
+        codec.chunk_records(raw, entries)
+    with pytest.raises(DataError, match=match):
+        codec.chunk_bodies(raw, entries, 0, records)
+    for fields in ((), METADATA_FIELDS):
+        for strict in (False, True):  # a corrupt chunk fails lenient reads too: never a shorter batch
+            b = BatchBuilder(STREAM, fields, strict=strict)
+            where = rf"chunk at offset 500 of stream '{STREAM}': .*{match or ''}"
+            with pytest.raises(DataError, match=where):
+                b.add_chunk(raw, entries, 0, records, 500, CHUNK_TS)
+            assert b.flush() is None
+
+
+_deltas = st.one_of(
+    st.integers(min_value=-64, max_value=64), st.integers(min_value=-(2**32), max_value=2**32)
+)
+
+
+@FUZZ
+@given(
+    st.lists(valid_messages, min_size=1, max_size=4),
+    st.sampled_from(list(COMPRESSORS)),
+    _deltas,
+    st.booleans(),
+)
+@example([codec.encode(b"x" * 8192)], "gzip", -8000, False)  # 8 KiB declared as 192 bytes
+def test_sub_entry_declaring_a_wrong_uncompressed_size_is_rejected(
+    messages: list[bytes], compression: str, delta: int, entry_first: bool
+) -> None:
+    actual = sum(4 + len(m) for m in messages)
+    declared = min(max(actual + delta, 0), 2**32 - 1)
+    assume(declared != actual)
+    batch = sub_entry_declaring(messages, compression, declared)
+    raw = entry(codec.encode(b"first")) + batch if entry_first else batch
+    assert_rejected(raw, 1 + entry_first, len(messages) + entry_first, "sub-entry")
+
+
+BOMB_BYTES = 32 << 20  # what the bomb expands to; its header declares 8 KiB
+
+
+@functools.cache
+def bomb(compression: str) -> bytes:
+    """A one-message sub-entry of BOMB_BYTES zeros, declaring 8 KiB uncompressed."""
+    return sub_entry_declaring([b"\0" * (BOMB_BYTES - 4)], compression, 8 << 10)
+
+
+def peak_allocation(fn: Callable[[], object]) -> int:
+    """Peak bytes Python allocated while `fn` ran (decompressed output always lands in Python memory)."""
+    tracemalloc.start()
+    try:
+        fn()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_decompression_bomb_is_refused_without_expanding(compression: str) -> None:
+    raw = bomb(compression)
+
+    def read() -> None:
+        with pytest.raises(DataError, match="sub-entry"):
+            codec.chunk_records(raw, 1)
+
+    peak = peak_allocation(read)
+    assert peak < 2 * len(raw) + (1 << 20), f"{peak} bytes allocated for an 8 KiB sub-entry"
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_honest_sub_entry_above_the_chunk_ceiling_is_refused_before_decompressing(
+    compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(codec, "MAX_CHUNK_UNCOMPRESSED_BYTES", 1 << 20)
+    raw = sub_entry_declaring([b"\0" * (BOMB_BYTES - 4)], compression, BOMB_BYTES)
+
+    def read() -> None:
+        with pytest.raises(DataError, match=f"claims {BOMB_BYTES} uncompressed bytes, more than the 1048576"):
+            codec.chunk_records(raw, 1)
+
+    assert peak_allocation(read) < 2 * len(raw) + (1 << 20)
+
+
+def test_chunk_ceiling_counts_all_sub_entries_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = codec.encode(b"x" * 1000)
+    batch = sub_entry([message], "zstd")
+    monkeypatch.setattr(codec, "MAX_CHUNK_UNCOMPRESSED_BYTES", 2 * (4 + len(message)))
+    assert [bytes(r) for r in codec.chunk_records(batch + batch, 2)] == [message, message]
+    assert_rejected(batch + batch + batch, 3, 3, "sub-entry 2 claims")
+
+
+@FUZZ
+@given(chunks(valid_messages), st.data())
+@example((entry(b"\x00\x53\x75\xa0\x01a") + entry(b"\x00\x53\x75\xa0\x01b"), 2, [b""] * 2), None)
+def test_truncated_chunks_are_rejected_not_shortened(
+    chunk: tuple[bytes, int, list[bytes]], data: st.DataObject | None
+) -> None:
+    raw, entries, records = chunk
+    cut = len(raw) - 1 if data is None else data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+    assert_rejected(raw[:cut], entries, len(records))
+
+
+@pytest.mark.parametrize("compression", list(COMPRESSORS))
+def test_sub_entry_whose_messages_overrun_the_batch_is_rejected(compression: str) -> None:
+    code, compress = COMPRESSORS[compression]
+    inner = struct.pack(">I", 100) + b"short"  # a message declaring 100 bytes, 5 present
+    data = compress(inner)
+    raw = struct.pack(">BHII", 0x80 | (code << 4), 1, len(inner), len(data)) + data
+    assert_rejected(raw, 1, 1, "message 0 needs 100 bytes")
+    extra = entry(b"m") + b"xyz"  # three bytes after the batch's one message
+    data = compress(extra)
+    raw = struct.pack(">BHII", 0x80 | (code << 4), 1, len(extra), len(data)) + data
+    assert_rejected(raw, 1, 1, "3 bytes are left after its 1 messages")
+
+
+# --------------------------------------------------------------------------- chunks flagged by the connection
+
+
+def deliver_frame(chunk_data: bytes, *, crc: int, size: int | None = None) -> bytearray:
+    """A Deliver frame (key, version, then the osiris chunk header) of one chunk at offset 500."""
+    header = protocol._DELIVER.pack(
+        7, 0x50, 0, 2, 2, CHUNK_TS, 0, 500, crc, len(chunk_data) if size is None else size, 0, 0
+    )
+    return bytearray(struct.pack(">HH", protocol.DELIVER_KEY, 1) + header + chunk_data)
+
+
+def test_chunk_failing_its_crc_or_cut_short_fails_the_read_naming_stream_and_offset() -> None:
+    raw = entry(codec.encode(b"a")) + entry(codec.encode(b"b"))
+    flipped = raw[:-1] + bytes([raw[-1] ^ 1])
+    conn = protocol.FrameConnection("localhost", 5552)
+    got: list[protocol.Chunk] = []
+    conn.deliver = got.append
+    for frame in (
+        deliver_frame(raw, crc=zlib.crc32(raw)),
+        deliver_frame(flipped, crc=zlib.crc32(raw)),
+        deliver_frame(raw[:-3], crc=zlib.crc32(raw), size=len(raw)),
+    ):
+        conn._on_deliver(frame)  # never raises: that would end the connection's listener
+    good, corrupt, short = got
+    assert (good.first_offset, good.num_records, good.subscription_id) == (500, 2, 7)
+    assert [bytes(r) for r in codec.chunk_records(good.data, 2)] == [codec.encode(b"a"), codec.encode(b"b")]
+    assert_rejected(corrupt.data, 2, 2, "CRC-32 mismatch")
+    assert_rejected(short.data, 2, 2, "the frame holds 17 of the chunk's 20 data bytes")
 
 
 # --------------------------------------------------------------------------- BatchBuilder

@@ -23,6 +23,8 @@ from rstream.connection import Connection, ConnectionClosed
 from rstream.constants import Key, T
 from rstream.encoding import _decode_struct, decode_frame
 
+from pyspark_rmqs.codec import CorruptChunkData
+
 STREAM_STATS_KEY = 0x001C
 DELIVER_KEY = Key.Deliver.value
 CONFIRM_KEY = Key.PublishConfirm.value
@@ -152,11 +154,23 @@ class FrameConnection(Connection):
             _DELIVER.unpack_from(data, 4)
         )
         chunk_data = bytes(data[_DATA_AT : _DATA_AT + size])
-        if self.verify_crc and zlib.crc32(chunk_data) != crc:
-            raise ValueError(f"chunk at offset {first}: CRC mismatch")
+        problem = _corruption(chunk_data, size, crc if self.verify_crc else None)
+        if problem is not None:  # not raised here: that would kill the listener, not fail the read
+            chunk_data = CorruptChunkData(chunk_data, problem)
         if self.deliver is not None:
             self.deliver(Chunk(sub, ctype, entries, records, ts, first, chunk_data))
         return _DELIVERED
+
+
+def _corruption(data: bytes, size: int, crc: int | None) -> str | None:
+    """What is wrong with a delivered chunk's data, or None; `crc` None skips the CRC check."""
+    if len(data) != size:
+        return f"the frame holds {len(data)} of the chunk's {size} data bytes"
+    if crc is not None:
+        actual = zlib.crc32(data)
+        if actual != crc:
+            return f"CRC-32 mismatch (the chunk header says 0x{crc:08x}, its data has 0x{actual:08x})"
+    return None
 
 
 def _ignore_closed(_info: Any) -> None:
