@@ -7,6 +7,7 @@ importable on the executors and have a no-argument constructor.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -46,20 +47,64 @@ class AddressResolver(Protocol):
 
 
 def load(path: str, option: str, protocol: type) -> Any:
-    """Instantiate the class at dotted `path` and check it implements `protocol`."""
-    module, _, name = path.rpartition(".")
-    if not module:
-        raise ConfigurationError(f"option '{option}' must be a dotted class path like 'mypkg.filters.Region'")
+    """Instantiate the class at dotted `path` after checking it is a class implementing `protocol`.
+
+    Nothing named by an option is called before it is known to be such a class: an option value
+    (an Airflow connection extra, say) must not be a way to run an arbitrary function.
+    """
+    cls = _checked_class(_resolve(path, option), path, option, protocol)
     try:
-        instance = getattr(importlib.import_module(module), name)()
+        return cls()
     except Exception as e:
         raise ConfigurationError(
-            f"option '{option}': could not load '{path}' ({type(e).__name__}: {e}); the class must be "
-            "importable on the driver and the executors and have a no-argument constructor"
+            f"option '{option}': could not instantiate '{path}' ({type(e).__name__}: {e}); the class "
+            "must have a no-argument constructor"
         ) from e
-    if not isinstance(instance, protocol):
-        methods = ", ".join(m for m in dir(protocol) if not m.startswith("_"))
+
+
+def _resolve(path: str, option: str) -> object:
+    """The object at dotted `path` (module, then attribute); imported, never called."""
+    module_name, _, name = path.rpartition(".")
+    if not module_name or not name:
+        raise ConfigurationError(f"option '{option}' must be a dotted class path like 'mypkg.filters.Region'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raises while it is imported
         raise ConfigurationError(
-            f"option '{option}': '{path}' does not implement {protocol.__name__} ({methods})"
+            f"option '{option}': cannot import module '{module_name}' of '{path}' ({type(e).__name__}: {e}); "
+            "the class must be importable on the driver and the executors"
+        ) from e
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ConfigurationError(
+            f"option '{option}': module '{module_name}' has no attribute '{name}'"
+        ) from None
+
+
+def required_methods(protocol: type) -> list[str]:
+    """The methods a class must define to implement one of our Protocols."""
+    return sorted(n for n, v in vars(protocol).items() if not n.startswith("_") and callable(v))
+
+
+def _checked_class(obj: object, path: str, option: str, protocol: type) -> type:
+    """`obj` when it is a class with every method of `protocol`; a ConfigurationError otherwise."""
+    methods = required_methods(protocol)
+    wanted = f"a class implementing {protocol.__name__} (methods: {', '.join(methods)})"
+    if not inspect.isclass(obj):
+        raise ConfigurationError(f"option '{option}': '{path}' is {_kind(obj)}, not a class; give {wanted}")
+    missing = [m for m in methods if not callable(getattr(obj, m, None))]
+    if missing or not issubclass(obj, protocol):
+        raise ConfigurationError(
+            f"option '{option}': class '{path}' does not implement {protocol.__name__}: it lacks "
+            f"{', '.join(missing) or 'the protocol'}; give {wanted}"
         )
-    return instance
+    return obj
+
+
+def _kind(obj: object) -> str:
+    if inspect.isroutine(obj):
+        return "a function"
+    if inspect.ismodule(obj):
+        return "a module"
+    return f"an instance of {type(obj).__name__}"
