@@ -7,8 +7,6 @@ tried, never the password.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import ssl
 from typing import Any
 
@@ -65,13 +63,9 @@ def ssl_context(conn: Any) -> ssl.SSLContext | None:
         ctx.load_cert_chain(cert, getattr(conn, "tls_key_file", None) or None)
     keystore = getattr(conn, "tls_keystore", None)
     if keystore:
-        from pyspark_rmqs.broker.tls import keystore_pem_files
+        from pyspark_rmqs.broker.tls import load_keystore
 
-        cert_file, key_file = keystore_pem_files(keystore, _secret(conn, "tls_keystore_password"))
-        try:
-            ctx.load_cert_chain(cert_file, key_file)
-        finally:  # the unencrypted key is needed for this call only: leave no copy in the temp folder
-            shutil.rmtree(os.path.dirname(key_file), ignore_errors=True)
+        load_keystore(ctx, keystore, _secret(conn, "tls_keystore_password"))
     return ctx
 
 

@@ -1,7 +1,8 @@
 """Java key stores for TLS: Python's ssl module takes PEM, Java users have JKS / PKCS12 files.
 
 The truststore is converted with `keytool` (shipped with the Java that Spark needs anyway); a
-client keystore is read as PKCS12 with `cryptography` when installed. PEM options (`tls.caFile`,
+client keystore is read as PKCS12 with `cryptography` when installed; its key reaches the disk
+only encrypted, and only for the `load_cert_chain` call. PEM options (`tls.caFile`,
 `tls.certFile`, `tls.keyFile`) need neither.
 """
 
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
+import ssl
 import subprocess
 import tempfile
+from typing import Any
 
 from pyspark_rmqs.errors import ConfigurationError
 
@@ -55,8 +59,33 @@ def _java_home_keytool() -> str | None:
     return None
 
 
-def keystore_pem_files(path: str, password: str | None) -> tuple[str, str]:
-    """(certificate file, key file) from a PKCS12 keystore, written to a private temp directory."""
+def load_keystore(ctx: ssl.SSLContext, path: str, password: str | None) -> None:
+    """Load the client certificate and key of a PKCS12 keystore into `ctx`.
+
+    Python's ssl reads a key only from a file, so one must be written; it is written encrypted
+    with a one-time random passphrase (the plain key never touches the disk), alone in a private
+    TemporaryDirectory (0700, file 0600) that is removed as soon as `load_cert_chain` returns or
+    fails, on every path.
+    """
+    key, chain = _read_pkcs12(path, password)
+    passphrase = secrets.token_bytes(32)
+    with tempfile.TemporaryDirectory(prefix="rmqs-tls-") as folder:
+        pem_file = os.path.join(folder, "client.pem")
+        fd = os.open(pem_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encrypted_pem(key, passphrase))
+            f.write(chain)
+        try:
+            ctx.load_cert_chain(pem_file, password=passphrase)
+        except ssl.SSLError as e:
+            reason = getattr(e, "reason", None) or e
+            raise ConfigurationError(
+                f"option 'tls.keystore': the key and certificate in '{path}' cannot be used ({reason})"
+            ) from None
+
+
+def _read_pkcs12(path: str, password: str | None) -> tuple[Any, bytes]:
+    """(private key, the certificate chain as PEM) of a PKCS12 keystore."""
     try:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.serialization import pkcs12
@@ -76,17 +105,17 @@ def keystore_pem_files(path: str, password: str | None) -> tuple[str, str]:
         ) from None
     if key is None or cert is None:
         raise ConfigurationError(f"option 'tls.keystore': '{path}' holds no private key and certificate")
-    folder = tempfile.mkdtemp(prefix="rmqs-tls-")
-    cert_file, key_file = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-    with open(cert_file, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-        for c in extra or []:
-            f.write(c.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
+    chain = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in [cert, *(extra or [])])
+    return key, chain
+
+
+def _encrypted_pem(key: Any, passphrase: bytes) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(passphrase),
         )
-    return cert_file, key_file
+    )
