@@ -69,3 +69,9 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The Debian 13 path of scripts/broker.sh (host mode), in a throwaway Debian trixie root built with
+# debootstrap (cached in /var/cache/rmqs-check-debian13); needs root. Not part of `make test`.
+.PHONY: check-debian13
+check-debian13:
+	@bash scripts/check_debian13.sh
