@@ -10,6 +10,7 @@ host's accounts (issue 14: the chroot's `rabbitmq` used to get the host `postgre
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -120,3 +121,57 @@ def test_broker_runs_as_the_scripts_service_user_not_a_host_account() -> None:
         assert groups <= allowed, f"{comm} ({pid}) runs as gid {gid}, the host's {sorted(groups)}"
         seen.add(comm)
     assert "beam.smp" in seen, f"no broker process among `broker.sh pids`: {listed.stdout!r}"
+
+
+def _process_roots() -> dict[str, str]:
+    roots: dict[str, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                roots[entry.name] = os.readlink(entry / "root")
+            except OSError:
+                continue  # exited, or not ours to read
+    return roots
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("RMQS_TEST_URI")), reason="RMQS_TEST_URI: not the script's broker")
+def test_own_broker_up_status_restart_down(tmp_path: Path) -> None:
+    """A second broker on its own home and ports: every command exits 0, `down` leaves nothing.
+
+    In chroot mode its chroot is a copy of the suite's (without its node and certificates); in host
+    mode it shares the host's package. Issue 21: `down` used to exit 1 silently once it had stopped.
+    """
+    ensure_local_broker()
+    home = tmp_path / "broker"
+    home.mkdir()
+    chroot = "chroot mode" in broker_sh("status", timeout=60).stdout
+    if chroot:
+        suite_root = Path(os.environ.get("RMQS_BROKER_HOME", "/var/cache/rmqs-broker")) / "trixie"
+        (home / "trixie").mkdir()
+        src, dst = shlex.quote(str(suite_root)), shlex.quote(str(home / "trixie"))
+        skip = "--exclude=./rmqs --exclude=./tls --exclude='./proc/*'"  # its node, certificates, /proc
+        copy = f"tar -C {src} --one-file-system {skip} -cf - . | tar -C {dst} -xf -"
+        subprocess.run(["bash", "-o", "pipefail", "-c", copy], check=True, timeout=300)
+    try:
+        for command, code, said in [
+            ("up", 0, "broker: up: "),
+            ("status", 0, "running: "),
+            ("up", 0, "already running"),
+            ("restart", 0, "broker: up: "),
+            ("down", 0, "no broker or epmd process of ours is left"),
+            ("status", 3, "stopped: "),
+            ("down", 0, "nothing to stop"),
+        ]:
+            done = _own_broker(home, command)
+            output = done.stdout + done.stderr
+            assert done.returncode == code, f"broker.sh {command}: exit {done.returncode}\n{output}"
+            assert said in output, f"broker.sh {command}\n{output}"
+        assert _own_broker(home, "pids").stdout.strip() == ""
+        if chroot:
+            left = [pid for pid, root in _process_roots().items() if root == str(home / "trixie")]
+            assert not left, f"processes left in the chroot after down: {left}"
+    finally:
+        _own_broker(home, "down")
+        subprocess.run(["rm", "-rf", "--one-file-system", str(home)], check=False)
