@@ -219,13 +219,14 @@ install_host() {
         if [[ ! -e /usr/sbin/policy-rc.d ]]; then  # maintainer scripts must not start the service
             printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
             as_root chmod 755 /usr/sbin/policy-rc.d; added=1
+            trap 'as_root rm -f /usr/sbin/policy-rc.d' EXIT  # also when interrupted or failing
         fi
         if ! apt_install rabbitmq-server; then
             if [[ $added == 1 ]]; then as_root rm -f /usr/sbin/policy-rc.d; fi
             die "apt-get install rabbitmq-server failed"
         fi
         disable_distro_service
-        if [[ $added == 1 ]]; then as_root rm -f /usr/sbin/policy-rc.d; fi
+        if [[ $added == 1 ]]; then as_root rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
     fi
     disable_distro_service  # on every `up`: an upgrade or an admin may have turned it back on
 }
@@ -450,7 +451,9 @@ cmd_up() {
         if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
             die "a broker of ours is running but does not answer (pids ${pids[*]}, see $LOG): run $0 restart"
         fi
-        die "processes of ours are left over (pids ${pids[*]}, no broker among them): run $0 down first"
+        # e.g. an epmd that a CLI call (`ctl`) started while the broker was down
+        log "stopping processes of ours left over from an earlier run (no broker among them): ${pids[*]}"
+        terminate_ours
     fi
     if use_chroot; then ensure_chroot_user; fi
     make_tls
@@ -488,6 +491,25 @@ cmd_up() {
     log "test CA: $(tls_dir_host)/ca.pem (client certificate: client.pem, client.key)"
 }
 
+# SIGTERM to every process of ours still there (epmd, a node that did not stop), SIGKILL after 10 s;
+# fails when one survives.
+terminate_ours() {
+    local -a left; local sig i
+    for sig in TERM KILL; do
+        mapfile -t left < <(ours_pids)
+        (( ${#left[@]} )) || break
+        log "sending SIG$sig to ${left[*]}"
+        as_root kill -s "$sig" "${left[@]}" 2>/dev/null || true
+        for ((i = 0; i < 40; i++)); do
+            mapfile -t left < <(ours_pids)
+            (( ${#left[@]} )) || break
+            sleep 0.25
+        done
+    done
+    mapfile -t left < <(ours_pids)
+    (( ${#left[@]} == 0 )) || die "processes of ours survived SIGKILL: ${left[*]}"
+}
+
 cmd_down() {
     if [[ -n "${RMQS_TEST_URI:-}" ]]; then log "RMQS_TEST_URI is set: nothing to stop"; return 0; fi
     if [[ ! -d "$HOME_DIR" ]] || { use_chroot && [[ ! -d "$ROOT" ]]; }; then
@@ -511,21 +533,7 @@ cmd_down() {
             sleep 0.25
         done
     fi
-    # What is left (epmd, a node that did not stop): SIGTERM, then SIGKILL after 10 s.
-    local sig
-    for sig in TERM KILL; do
-        mapfile -t left < <(ours_pids)
-        (( ${#left[@]} )) || break
-        log "sending SIG$sig to ${left[*]}"
-        as_root kill -s "$sig" "${left[@]}" 2>/dev/null || true
-        for ((i = 0; i < 40; i++)); do
-            mapfile -t left < <(ours_pids)
-            (( ${#left[@]} )) || break
-            sleep 0.25
-        done
-    done
-    mapfile -t left < <(ours_pids)
-    (( ${#left[@]} == 0 )) || die "processes of ours survived SIGKILL: ${left[*]}"
+    terminate_ours
     if use_chroot; then umount_proc "$ROOT"; fi
     as_root rm -f "$PIDFILE"
     log "down: stopped pids ${pids[*]}; no broker or epmd process of ours is left"
@@ -538,7 +546,11 @@ cmd_status() {
         echo "stopped: no broker process of ours is running ($(mode_text), $HOME_DIR)"; return 3
     fi
     local beam; beam="$(pids_named beam.smp "${pids[@]}" | xargs)"
-    if [[ -n "$beam" ]] && running; then
+    if [[ -z "$beam" ]]; then
+        echo "stopped: no broker of ours is running ($(mode_text), $HOME_DIR); left over: pids ${pids[*]} ($0 down stops them)"
+        return 3
+    fi
+    if running; then
         echo "running: RabbitMQ $(broker_version_pkg) ($(mode_text)), pid $beam, stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT$(port_open "$TLS_PORT" || echo ' (not listening: restart)')"
         return 0
     fi
