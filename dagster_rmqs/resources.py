@@ -15,12 +15,11 @@ from pydantic import Field
 from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
+from pyspark_rmqs.redact import redact_option
 from pyspark_rmqs.watermarks import Watermarks, awatermarks, store_watermarks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-_SECRET_FIELDS = frozenset({"password", "uris", "tls_truststore_password", "tls_keystore_password"})
 
 
 class RabbitMQStreamsResource(ConfigurableResource):
@@ -48,7 +47,7 @@ class RabbitMQStreamsResource(ConfigurableResource):
 
     def __repr_args__(self) -> Any:  # never show a secret in a repr or a log line
         for name, value in super().__repr_args__():
-            yield name, ("***" if name in _SECRET_FIELDS and value is not None else value)
+            yield name, (redact_option(name, value) if name and isinstance(value, str) else value)
 
     def connection_options(self) -> ConnectionOptions:
         """The parsed connection (validated; a bad setting raises a ConfigurationError naming it)."""

@@ -13,15 +13,17 @@ This module must not import pyspark: Airflow, Dagster and the CLI use it without
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Concatenate, Literal, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.redact import redact_option, redact_uri, redacted_errors, secrets_in
 from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES
 
 __all__ = [
@@ -136,6 +138,26 @@ REMOVED_OPTIONS: Mapping[str, str] = {
 _SECRET_OPTIONS = frozenset({"password", "tls.truststorePassword", "tls.keystorePassword", "uris"})
 _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 _INTEGER = re.compile(r"[+-]?\d+")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _hiding_secrets(
+    parse: Callable[Concatenate[Mapping[str, str], _P], _R],
+) -> Callable[Concatenate[Mapping[str, str], _P], _R]:
+    """Wrap a `parse_*` function: no error it raises holds a secret of the options it was given.
+
+    Messages are written without secrets (values go through `redact`); this is the net under them.
+    """
+
+    @functools.wraps(parse)
+    def parse_hiding_secrets(options: Mapping[str, str], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with redacted_errors(secrets_in(options)):
+            return parse(options, *args, **kwargs)
+
+    return parse_hiding_secrets
 
 
 def _err(message: str) -> ConfigurationError:
@@ -415,18 +437,6 @@ class ConnectionOptions(_Frozen):
         )
 
 
-def _redact_uri(uri: str) -> str:
-    """The URI as it may be shown: any password replaced by '***' (best effort on bad input)."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return "<unparseable uri>" if ("@" in uri or ":" in uri) else uri
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":***"
-    return f"{scheme}://{userinfo}{at}{hostport}{slash}{tail}"
-
-
 def _uri_address(uri: str) -> tuple[str, int]:
     parts = urlsplit(uri)
     default = DEFAULT_TLS_PORT if parts.scheme.lower().endswith("+tls") else DEFAULT_PORT
@@ -442,7 +452,7 @@ class _ParsedUri(NamedTuple):
 
 
 def _parse_uri(entry: str) -> _ParsedUri:
-    shown = _redact_uri(entry)
+    shown = redact_uri(entry)
     expected = "rabbitmq-stream://user:password@host:port/vhost (or rabbitmq-stream+tls://...)"
     try:
         parts = urlsplit(entry)
@@ -475,34 +485,39 @@ def _split_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _shown_endpoint(entry: str) -> str:
+    """An `endpoints` entry for a message: `user:password@` typed by mistake stays hidden."""
+    return _show(redact_option("endpoints", entry))
+
+
 def _parse_endpoint(entry: str, default_port: int) -> tuple[str, int]:
     expected = "comma-separated host:port (port defaults to 5552, 5551 with tls; IPv6 as [::1]:5552)"
+    shown = _shown_endpoint(entry)
     host, port_text = entry, None
     if entry.startswith("["):
         end = entry.find("]")
         if end < 0:
-            raise _err(f"option 'endpoints' has an invalid entry {_show(entry)}; expected {expected}")
+            raise _err(f"option 'endpoints' has an invalid entry {shown}; expected {expected}")
         host, rest = entry[1:end], entry[end + 1 :]
         if rest:
             if not rest.startswith(":"):
-                raise _err(f"option 'endpoints' has an invalid entry {_show(entry)}; expected {expected}")
+                raise _err(f"option 'endpoints' has an invalid entry {shown}; expected {expected}")
             port_text = rest[1:]
     elif entry.count(":") == 1:
         host, port_text = entry.split(":")
     elif entry.count(":") > 1:
         raise _err(
-            f"option 'endpoints' has an invalid entry {_show(entry)}; write IPv6 hosts in brackets, "
-            f"like [::1]:5552"
+            f"option 'endpoints' has an invalid entry {shown}; write IPv6 hosts in brackets, like [::1]:5552"
         )
     host = host.strip()
     if not host:
-        raise _err(f"option 'endpoints' has an entry without a host {_show(entry)}; expected {expected}")
+        raise _err(f"option 'endpoints' has an entry without a host {shown}; expected {expected}")
     if port_text is None:
         return host, default_port
     port_text = port_text.strip()
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise _err(
-            f"option 'endpoints' has an invalid port in {_show(entry)}; the port must be an integer "
+            f"option 'endpoints' has an invalid port in {shown}; the port must be an integer "
             f"between 1 and 65535"
         )
     return host, int(port_text)
@@ -589,6 +604,7 @@ def _connection_from(r: _Reader) -> ConnectionOptions:
     )
 
 
+@_hiding_secrets
 def parse_connection_options(options: Mapping[str, str]) -> ConnectionOptions:
     """Connection options alone (Airflow, Dagster, CLI). Known source/sink options are ignored."""
     known = tuple(CONNECTION_OPTIONS.values())
@@ -813,6 +829,7 @@ def _check_range(fields: dict[str, Any]) -> None:
             )
 
 
+@_hiding_secrets
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Parse and validate read options; `streaming` is True for `spark.readStream`."""
     sink_only = {name.lower() for name in _SINK_ONLY.values()} - {n.lower() for n in KNOWN_SOURCE_OPTIONS}
@@ -923,6 +940,7 @@ def _filter_value_path(r: _Reader) -> str | None:
     raise _err(f"option 'filterValuePath' must be {forms}; got {_show(value)}")
 
 
+@_hiding_secrets
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Parse and validate write options (batch and streaming alike)."""
     source_only = {name.lower() for name in _SOURCE_ONLY.values()} - {n.lower() for n in KNOWN_SINK_OPTIONS}

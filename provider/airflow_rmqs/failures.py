@@ -21,6 +21,7 @@ from pyspark_rmqs.errors import (
     StreamNotFoundError,
     UnsupportedBrokerError,
 )
+from pyspark_rmqs.redact import redact_text
 
 NON_RETRYABLE: tuple[type[Exception], ...] = (
     ConfigurationError,
@@ -31,13 +32,6 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     DataError,
 )
 _NAMES = tuple(c.__name__ for c in NON_RETRYABLE)
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-    return text
 
 
 def _spark_cause(text: str) -> str | None:
@@ -60,14 +54,16 @@ def airflow_failures(secrets: Iterable[str] = ()) -> Iterator[None]:
         raise
     except NON_RETRYABLE as e:
         text = f"{type(e).__name__}: {e}"
-        if any(s in text for s in hidden):  # never expected: rmqs messages carry no secrets
-            raise AirflowFailException(redact(text, hidden)) from None
+        clean = redact_text(text, hidden)
+        if clean != text:  # never expected: rmqs messages carry no secrets
+            raise AirflowFailException(clean) from None
         raise AirflowFailException(text) from e
     except Exception as e:
         text = str(e)
         cause = _spark_cause(text)
         if cause is not None:
-            raise AirflowFailException(redact(cause, hidden)) from None
-        if any(s in text for s in hidden):
-            raise RuntimeError(f"{type(e).__name__}: {redact(text, hidden)}") from None
+            raise AirflowFailException(redact_text(cause, hidden)) from None
+        clean = redact_text(text, hidden)
+        if clean != text:
+            raise RuntimeError(f"{type(e).__name__}: {clean}") from None
         raise

@@ -22,6 +22,7 @@ from pyspark_rmqs.options import (
     ConnectionOptions,
     parse_connection_options,
 )
+from pyspark_rmqs.redact import secrets_in
 from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks, watermarks
 
 CONN_TYPE = "rabbitmq_stream"
@@ -80,19 +81,19 @@ def secret_values(options: ConnectionOptions) -> list[str]:
     return [s.get_secret_value() for s in secrets if s is not None and s.get_secret_value()]
 
 
-def _mask(options: ConnectionOptions) -> None:
+def _mask(secrets: list[str]) -> None:
     """Register every secret with Airflow's log masker, so no task log line shows one."""
     from airflow.sdk.log import mask_secret
 
-    for secret in secret_values(options):
+    for secret in secrets:
         mask_secret(secret)
 
 
-async def _amask(options: ConnectionOptions) -> None:
+async def _amask(secrets: list[str]) -> None:
     """`_mask` for an event loop: the sync variant can deadlock against the supervisor there."""
     from airflow.sdk.log import amask_secret
 
-    for secret in secret_values(options):
+    for secret in secrets:
         await amask_secret(secret)
 
 
@@ -118,8 +119,9 @@ class RabbitMQStreamHook(BaseHook):
         """The parsed connection options (cached: one connection lookup per hook)."""
         if self._options is None:
             conn = self.get_connection(self.rabbitmq_stream_conn_id)
-            self._options = parse_connection_options(connection_to_options(conn))
-            _mask(self._options)
+            raw = connection_to_options(conn)
+            _mask(secrets_in(raw))  # before parsing: a failed parse must not log them either
+            self._options = parse_connection_options(raw)
         return self._options
 
     async def aget_conn(self) -> ConnectionOptions:
@@ -127,8 +129,9 @@ class RabbitMQStreamHook(BaseHook):
         if self._options is None:
             conn = await self.aget_connection(self.rabbitmq_stream_conn_id)
             extra = await conn.aextra_dejson() if conn.extra else {}
-            self._options = parse_connection_options(connection_to_options(conn, extra))
-            await _amask(self._options)
+            raw = connection_to_options(conn, extra)
+            await _amask(secrets_in(raw))  # before parsing: a failed parse must not log them either
+            self._options = parse_connection_options(raw)
         return self._options
 
     def spark_options(self) -> dict[str, str]:

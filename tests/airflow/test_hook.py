@@ -122,3 +122,42 @@ def test_password_never_in_repr_or_options_dump(secret_user, broker: BrokerSetti
     assert password not in repr(options) and password not in str(options.model_dump())
     assert hook.spark_options()["password"] == password  # only for handing to Spark
     assert hook.test_connection()[0]
+
+
+RESERVED_PASSWORD = "Af/se@cr:et#?%-ünï-Pw"
+
+
+def _leaks(texts: list[str]) -> list[str]:
+    from urllib.parse import quote
+
+    spellings = (RESERVED_PASSWORD, quote(RESERVED_PASSWORD, safe=""), "se@cr:et#?%")
+    return [t for t in texts if any(s in t for s in spellings)]
+
+
+def test_reserved_characters_in_a_connection_password_never_show(conn_env, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Airflow connection URIs (percent-encoded, as Airflow wants) and `uris` extras (raw): a bad
+    setting fails naming the option, in the hook, the triggerer's async path and an operator's
+    failure wrapper, and no text or log line holds the password."""
+    from urllib.parse import quote
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_rmqs.failures import airflow_failures
+
+    caplog.set_level(logging.DEBUG)
+    encoded = quote(RESERVED_PASSWORD, safe="")
+    conn_env("rmqs_reserved_uri", f"rabbitmq-stream://bob:{encoded}@h:5552/v?tls=maybe")
+    raw_extra = {"uris": f"rabbitmq-stream://bob:{RESERVED_PASSWORD}@h:5552/v"}
+    conn_env("rmqs_reserved_extra", json.dumps({"conn_type": "rabbitmq_stream", "extra": raw_extra}))
+    texts: list[str] = []
+    for conn_id, option in (("rmqs_reserved_uri", "option 'tls'"), ("rmqs_reserved_extra", "option 'uris'")):
+        with pytest.raises(ConfigurationError, match=option) as sync:
+            RabbitMQStreamHook(conn_id).get_conn()
+        with pytest.raises(ConfigurationError, match=option) as async_:
+            asyncio.run(RabbitMQStreamHook(conn_id).aget_conn())
+        with pytest.raises(AirflowFailException) as failed, airflow_failures([RESERVED_PASSWORD]):
+            RabbitMQStreamHook(conn_id).get_conn()
+        ok, message = RabbitMQStreamHook(conn_id).test_connection()
+        assert not ok
+        texts += [str(sync.value), str(async_.value), str(failed.value), message]
+    assert _leaks([*texts, caplog.text]) == []

@@ -169,3 +169,43 @@ def test_errors_that_crossed_spark_are_classified_by_their_rmqs_class() -> None:
     assert failure.value.allow_retries is False
     with pytest.raises(RuntimeError, match="MetadataError"), _failures():  # not ours: retry policy applies
         raise RuntimeError("SomeMetadataError: transient")
+
+
+RESERVED_PASSWORD = "Dg/se@cr:et#?%-ünï-Pw"
+
+
+def _spellings(secret: str) -> list[str]:
+    from urllib.parse import quote
+
+    return [secret, quote(secret, safe=""), "se@cr:et#?%"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"uris": f"rabbitmq-stream://bob:{RESERVED_PASSWORD}@h:5552/v"},  # not percent-encoded: invalid
+        {"endpoints": "h", "password": RESERVED_PASSWORD, "tls_keystore_password": RESERVED_PASSWORD},
+        {"endpoints": f"bob:{RESERVED_PASSWORD}@h:5552"},  # credentials typed into endpoints
+    ],
+    ids=["raw-uri", "password-and-store-password", "endpoints"],
+)
+def test_reserved_characters_in_a_resource_password_never_show(
+    fields: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad setting fails the materialization naming the option, and the failure holds no secret."""
+    caplog.set_level(logging.DEBUG)
+    resource = RabbitMQStreamsResource(**fields)
+    with pytest.raises(ConfigurationError) as failed:
+        resource.connection_options()
+    asset = build_stream_asset("reserved", stream="s", consumer_name="dg-reserved", output_path="/tmp/none")
+    instance = DagsterInstance.ephemeral()
+    result = materialize(
+        [asset], instance=instance, resources={"rabbitmq": resource, "spark": object()}, raise_on_error=False
+    )
+    assert not result.success
+    logs = instance.all_logs(result.run_id)
+    assert any("ConfigurationError" in repr(e) for e in logs)
+    texts = [str(failed.value), repr(resource), str(resource), caplog.text, *(repr(e) for e in logs)]
+    for text in texts:
+        for spelling in _spellings(RESERVED_PASSWORD):
+            assert spelling not in text, (spelling, text)

@@ -192,3 +192,43 @@ def test_checkpoint_and_output_never_hold_the_password(
     assert holding == []
     assert s in progress and PASSWORD not in progress  # progress names the source's offsets, not its options
     assert PASSWORD not in str(q.status) and PASSWORD not in (q.name or "")
+
+
+# --------------------------------------------------------------------------------------------- plans
+
+# Reserved characters in user-info, then unicode: each must survive the URI (percent-encoded) and
+# the `password` option, and never show.
+PLAN_PASSWORD = "Pl4n/se@cr:et#?%-ünï"
+
+
+@pytest.mark.parametrize("form", ["password-option", "uri", "uri-raw-reserved"])
+def test_spark_plan_never_shows_the_password(
+    spark: Any, broker: BrokerSettings, streams: Any, capsys: pytest.CaptureFixture[str], form: str
+) -> None:
+    """`df.explain()` of a read (every mode) holds no password, in any of the forms users give it."""
+    s = streams.stream("secret-plan")
+    publish(broker, s, [b"m"])
+    host = f"{broker.host}:{broker.port}"
+    if form == "uri":
+        where = {"uris": f"rabbitmq-stream://guest:{quote(PLAN_PASSWORD, safe='')}@{host}/%2F"}
+    elif form == "uri-raw-reserved":  # typed without percent-encoding: the parse fails, and says so
+        where = {"uris": f"rabbitmq-stream://guest:{PLAN_PASSWORD}@{host}/%2F"}
+    else:
+        where = {"endpoints": host, "username": "guest", "password": PLAN_PASSWORD}
+    reader = spark.read.format("rabbitmq_streams").options(**where, stream=s, metadataFields="")
+    if form == "uri-raw-reserved":  # not percent-encoded: the URI cannot be parsed, and the error says so
+        with pytest.raises(Exception, match="option 'uris' has an invalid URI") as failed:
+            reader.load()
+        texts = [str(failed.value), capsys.readouterr().out]
+    else:
+        df = reader.load()
+        texts = []
+        for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+            df.explain(mode=mode)
+            texts.append(capsys.readouterr().out)
+        assert all("rabbitmq_streams" in t or "PythonDataSource" in t or "BatchScan" in t for t in texts), (
+            texts
+        )
+    for text in texts:
+        for spelling in (PLAN_PASSWORD, quote(PLAN_PASSWORD, safe=""), "se@cr:et", "cr:et#?%-ünï"):
+            assert spelling not in text, (spelling, text)
