@@ -465,6 +465,9 @@ cmd_up() {
         die "the epmd on 127.0.0.1:$EPMD_PORT already knows a node named rabbit, from a broker this script did not start: give this one its own RMQS_EPMD_PORT"
     fi
     write_config
+    if ! use_chroot && ! as_rabbit test -w "$(node_dir)/mnesia" 2>/dev/null; then
+        die "the service user $SERVICE_USER cannot write $(node_dir): every folder above it must be searchable by that user (chmod o+x)"
+    fi
     if use_chroot && ! mountpoint -q "$ROOT/proc"; then as_root mount -t proc proc "$ROOT/proc"; fi
     local ids; ids="$(service_ids)"
     log "starting RabbitMQ $(broker_version_pkg) ($(mode_text); user $SERVICE_USER, uid ${ids%%:*}) on 127.0.0.1:$STREAM_PORT"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -137,15 +138,16 @@ def _process_roots() -> dict[str, str]:
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("RMQS_TEST_URI")), reason="RMQS_TEST_URI: not the script's broker")
-def test_own_broker_up_status_restart_down(tmp_path: Path) -> None:
+def test_own_broker_up_status_restart_down() -> None:
     """A second broker on its own home and ports: every command exits 0, `down` leaves nothing.
 
     In chroot mode its chroot is a copy of the suite's (without its node and certificates); in host
     mode it shares the host's package. Issue 21: `down` used to exit 1 silently once it had stopped.
     """
     ensure_local_broker()
-    home = tmp_path / "broker"
-    home.mkdir()
+    # Not under tmp_path: in host mode the service user must reach the node folder (pytest's is 0700).
+    home = Path(tempfile.mkdtemp(prefix="rmqs-broker-test-", dir="/var/tmp"))
+    home.chmod(0o755)
     chroot = "chroot mode" in broker_sh("status", timeout=60).stdout
     if chroot:
         suite_root = Path(os.environ.get("RMQS_BROKER_HOME", "/var/cache/rmqs-broker")) / "trixie"
