@@ -651,10 +651,27 @@ def _enc_prop(name: str, v: Any) -> bytes:
     if name == "user_id":
         return _enc_bin(bytes(v))
     if name == "group_sequence":
-        return b"\x70" + _U32.pack(int(v) & 0xFFFFFFFF)
+        return b"\x70" + _U32.pack(_sequence_no(v))
     if name in ("content_type", "content_encoding"):
         return _enc_str(str(v), sym=True)
     return _enc_str(str(v))
+
+
+_UINT_MAX = 2**32 - 1
+
+
+def _sequence_no(v: Any) -> int:
+    """`group_sequence` as an AMQP sequence-no (a uint): a value outside 0..2**32-1 is a DataError.
+
+    Wrapping it (-1 -> 4294967295) would publish a different number than the row holds.
+    """
+    n = int(v)
+    if not 0 <= n <= _UINT_MAX:
+        raise DataError(
+            f"column 'properties.group_sequence' must be between 0 and {_UINT_MAX} "
+            f"(an AMQP sequence-no), got {n}"
+        )
+    return n
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

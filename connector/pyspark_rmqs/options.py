@@ -30,6 +30,7 @@ __all__ = [
     "CONNECTION_OPTIONS",
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
+    "INTEGER_BOUNDS",
     "JSON_OFFSET_EARLIEST",
     "JSON_OFFSET_LATEST",
     "KNOWN_SINK_OPTIONS",
@@ -57,7 +58,48 @@ JSON_OFFSET_EARLIEST = -2
 """In a `startingOffsets` JSON object: the first available offset of that partition stream."""
 
 _LONG_MAX = 2**63 - 1
+_INT_MAX = 2**31 - 1
+_DAY_MS = 24 * 60 * 60 * 1000
 _REFERENCE_MAX_BYTES = 256  # consumer and producer names are stream-protocol references
+
+INTEGER_BOUNDS: Mapping[str, tuple[int, int]] = {
+    # offsets and timestamps are int64 in the broker and in Spark
+    "startingOffset": (0, _LONG_MAX),
+    "startingTimestamp": (0, _LONG_MAX),
+    "endingOffset": (0, _LONG_MAX),
+    # a micro-batch: Spark counts a task's rows in an int; a terabyte is past any executor
+    "maxRecordsPerTrigger": (1, _INT_MAX),
+    "maxBytesPerTrigger": (1, 1 << 40),
+    # every partition is a Spark task planned on the driver
+    "minPartitions": (1, 100_000),
+    # waits: a day without a chunk (a week for a whole read) is a stuck read, not a slow one
+    "pollTimeoutMs": (1, _DAY_MS),
+    "maxWaitMs": (1, 7 * _DAY_MS),
+    "publisherConfirmTimeoutMs": (1, _DAY_MS),
+    "enqueueTimeoutMs": (0, _DAY_MS),
+    # memory per reader / producer: chunks granted, messages queued or awaiting a confirm
+    "initialCredits": (1, 1000),
+    "queueCapacity": (1, 10_000_000),
+    "maxInFlight": (1, 1_000_000),
+    "estimatedMessageSizeBytes": (1, 1 << 30),
+    # messages per publish frame; per sub-entry batch (its count is an unsigned 16-bit field)
+    "batchSize": (1, 10_000),
+    "subEntrySize": (1, 65_535),
+}
+"""Valid range of every integer option, inclusive: checked when parsing, and by the models."""
+
+
+def _ranged(option: str, default: int | None) -> Any:
+    """The model field of an integer option: its default and its `INTEGER_BOUNDS` range."""
+    lo, hi = INTEGER_BOUNDS[option]
+    return Field(default=default, ge=lo, le=hi)
+
+
+def describe_range(option: str) -> str:
+    """An integer option's valid range as docs/options.md writes it: `1 to 65,535`, or `≥ 0`."""
+    lo, hi = INTEGER_BOUNDS[option]
+    return f"≥ {lo}" if hi == _LONG_MAX else f"{lo:,} to {hi:,}"
+
 
 STARTING_OFFSETS_VALUES = ("earliest", "latest", "offset", "timestamp")
 ENDING_OFFSETS_VALUES = ("latest", "offset")
@@ -287,19 +329,21 @@ class _Reader:
             return False
         raise _err(f"option '{name}' must be 'true' or 'false' (case-insensitive), got {_show(value)}")
 
-    def integer(self, name: str, default: int | None, lo: int, hi: int = _LONG_MAX) -> int | None:
+    def integer(self, name: str, default: int | None) -> int | None:
+        """An integer option within its `INTEGER_BOUNDS` range; the message says the range."""
         value = self.values.get(name)
         if value is None:
             return default
+        lo, hi = INTEGER_BOUNDS[name]
         text = value.strip()
-        allowed = f"an integer >= {lo}" if hi == _LONG_MAX else f"an integer between {lo} and {hi}"
         if not _INTEGER.fullmatch(text):
+            allowed = f"an integer >= {lo}" if hi == _LONG_MAX else f"an integer between {lo} and {hi}"
             raise _err(f"option '{name}' must be {allowed}, got {_show(value)}")
         number = int(text)
+        if number < lo and hi == _LONG_MAX:
+            raise _err(f"option '{name}' must be >= {lo}, got {number}")
         if not lo <= number <= hi:
-            if number > hi:
-                allowed = f"an integer between {lo} and {hi}"
-            raise _err(f"option '{name}' must be {allowed}, got {number}")
+            raise _err(f"option '{name}' must be between {lo} and {hi}, got {number}")
         return number
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
@@ -658,24 +702,24 @@ class SourceOptions(_Frozen):
     metadata_fields: tuple[str, ...] = METADATA_FIELDS
     fail_on_data_loss: bool = True
     starting_offsets: StartingOffsetsKind = "earliest"
-    starting_offset: int | None = Field(default=None, ge=0)
-    starting_timestamp: int | None = Field(default=None, ge=0)
+    starting_offset: int | None = _ranged("startingOffset", None)
+    starting_timestamp: int | None = _ranged("startingTimestamp", None)
     starting_offsets_json: dict[str, int] | None = None
     ending_offsets: EndingOffsetsKind | None = None
-    ending_offset: int | None = Field(default=None, ge=0)
+    ending_offset: int | None = _ranged("endingOffset", None)
     ending_offsets_json: dict[str, int] | None = None
-    max_records_per_trigger: int | None = Field(default=None, ge=1)
-    max_bytes_per_trigger: int | None = Field(default=None, ge=1)
-    min_partitions: int | None = Field(default=None, ge=1)
+    max_records_per_trigger: int | None = _ranged("maxRecordsPerTrigger", None)
+    max_bytes_per_trigger: int | None = _ranged("maxBytesPerTrigger", None)
+    min_partitions: int | None = _ranged("minPartitions", None)
     server_side_offset_tracking: bool = False
     filter_values: list[str] | None = None
     filter_match_unfiltered: bool = False
     filter_post_filter_class: str | None = None
-    poll_timeout_ms: int = Field(default=30000, ge=1)
-    max_wait_ms: int = Field(default=300000, ge=1)
-    initial_credits: int = Field(default=1, ge=1, le=1000)
-    queue_capacity: int = Field(default=10000, ge=1)
-    estimated_message_size_bytes: int = Field(default=1024, ge=1)
+    poll_timeout_ms: int = _ranged("pollTimeoutMs", 30000)
+    max_wait_ms: int = _ranged("maxWaitMs", 300000)
+    initial_credits: int = _ranged("initialCredits", 1)
+    queue_capacity: int = _ranged("queueCapacity", 10000)
+    estimated_message_size_bytes: int = _ranged("estimatedMessageSizeBytes", 1024)
     strict_decoding: bool = False
 
     @property
@@ -763,8 +807,8 @@ def _starting(r: _Reader, stream: str | None) -> dict[str, Any]:
     kind, offsets_json = _offsets_kind(
         r, "startingOffsets", STARTING_OFFSETS_VALUES, "earliest", starting=True
     )
-    offset = r.integer("startingOffset", None, 0)
-    timestamp = r.integer("startingTimestamp", None, 0)
+    offset = r.integer("startingOffset", None)
+    timestamp = r.integer("startingTimestamp", None)
     if kind == "offset" and offset is None:
         raise _err("option 'startingOffset' (an integer >= 0) is required when startingOffsets=offset")
     if kind == "timestamp" and timestamp is None:
@@ -795,7 +839,7 @@ def _ending(r: _Reader, stream: str | None, streaming: bool) -> dict[str, Any]:
                 )
         return {"ending_offsets": None, "ending_offset": None, "ending_offsets_json": None}
     kind, offsets_json = _offsets_kind(r, "endingOffsets", ENDING_OFFSETS_VALUES, "latest", starting=False)
-    offset = r.integer("endingOffset", None, 0)
+    offset = r.integer("endingOffset", None)
     if kind == "offset" and offset is None:
         raise _err("option 'endingOffset' (an integer >= 0) is required when endingOffsets=offset")
     if offset is not None and kind != "offset":
@@ -868,18 +912,18 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         metadata_fields=_metadata_fields(r),
         fail_on_data_loss=r.boolean("failOnDataLoss", True),
         **fields,
-        max_records_per_trigger=r.integer("maxRecordsPerTrigger", None, 1),
-        max_bytes_per_trigger=r.integer("maxBytesPerTrigger", None, 1),
-        min_partitions=r.integer("minPartitions", None, 1),
+        max_records_per_trigger=r.integer("maxRecordsPerTrigger", None),
+        max_bytes_per_trigger=r.integer("maxBytesPerTrigger", None),
+        min_partitions=r.integer("minPartitions", None),
         server_side_offset_tracking=tracking,
         filter_values=filter_values,
         filter_match_unfiltered=r.boolean("filterMatchUnfiltered", False),
         filter_post_filter_class=r.class_path("filterPostFilterClass"),
-        poll_timeout_ms=r.integer("pollTimeoutMs", 30000, 1),
-        max_wait_ms=r.integer("maxWaitMs", 300000, 1),
-        initial_credits=r.integer("initialCredits", 1, 1, 1000),
-        queue_capacity=r.integer("queueCapacity", 10000, 1),
-        estimated_message_size_bytes=r.integer("estimatedMessageSizeBytes", 1024, 1),
+        poll_timeout_ms=r.integer("pollTimeoutMs", 30000),
+        max_wait_ms=r.integer("maxWaitMs", 300000),
+        initial_credits=r.integer("initialCredits", 1),
+        queue_capacity=r.integer("queueCapacity", 10000),
+        estimated_message_size_bytes=r.integer("estimatedMessageSizeBytes", 1024),
         strict_decoding=r.boolean("strictDecoding", False),
     )
 
@@ -901,12 +945,12 @@ class SinkOptions(_Frozen):
     stream: str | None = None
     superstream: str | None = None
     producer_name: str | None = None
-    publisher_confirm_timeout_ms: int = Field(default=30000, ge=1)
-    max_in_flight: int = Field(default=10000, ge=1)
-    enqueue_timeout_ms: int = Field(default=10000, ge=0)
-    batch_size: int = Field(default=500, ge=1)
+    publisher_confirm_timeout_ms: int = _ranged("publisherConfirmTimeoutMs", 30000)
+    max_in_flight: int = _ranged("maxInFlight", 10000)
+    enqueue_timeout_ms: int = _ranged("enqueueTimeoutMs", 10000)
+    batch_size: int = _ranged("batchSize", 500)
     compression: CompressionKind = "none"
-    sub_entry_size: int = Field(default=1, ge=1)
+    sub_entry_size: int = _ranged("subEntrySize", 1)
     routing_strategy: RoutingStrategyKind = "hash"
     partitioner_class: str | None = None
     filter_value_path: str | None = None
@@ -954,7 +998,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     connection = _connection_from(r)
     stream, superstream = _target(r)
     compression = r.choice("compression", COMPRESSION_VALUES, "none")
-    sub_entry_size = r.integer("subEntrySize", 1, 1)
+    sub_entry_size = r.integer("subEntrySize", 1)
     assert sub_entry_size is not None
     if compression != "none" and sub_entry_size <= 1:
         raise _err(
@@ -976,10 +1020,10 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         stream=stream,
         superstream=superstream,
         producer_name=r.reference("producerName"),
-        publisher_confirm_timeout_ms=r.integer("publisherConfirmTimeoutMs", 30000, 1),
-        max_in_flight=r.integer("maxInFlight", 10000, 1),
-        enqueue_timeout_ms=r.integer("enqueueTimeoutMs", 10000, 0),
-        batch_size=r.integer("batchSize", 500, 1),
+        publisher_confirm_timeout_ms=r.integer("publisherConfirmTimeoutMs", 30000),
+        max_in_flight=r.integer("maxInFlight", 10000),
+        enqueue_timeout_ms=r.integer("enqueueTimeoutMs", 10000),
+        batch_size=r.integer("batchSize", 500),
         compression=compression,
         sub_entry_size=sub_entry_size,
         routing_strategy=routing,

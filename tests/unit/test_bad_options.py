@@ -14,6 +14,7 @@ import pytest
 
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import (
+    INTEGER_BOUNDS,
     KNOWN_SINK_OPTIONS,
     KNOWN_SOURCE_OPTIONS,
     REMOVED_OPTIONS,
@@ -77,10 +78,22 @@ CASES: list[Case] = [
     ("int-sink-seconds", "sink", {"publisherConfirmTimeoutMs": "30s"}, "publisherConfirmTimeoutMs", None),
     ("int-sink-word", "sink", {"enqueueTimeoutMs": "forever"}, "enqueueTimeoutMs", None),
     # --- numbers out of range
-    ("range-max-bytes-zero", "streaming", {"maxBytesPerTrigger": "0"}, "maxBytesPerTrigger", ">= 1"),
-    ("range-min-partitions-zero", "batch", {"minPartitions": "0"}, "minPartitions", ">= 1"),
-    ("range-min-partitions-negative", "streaming", {"minPartitions": "-3"}, "minPartitions", ">= 1"),
-    ("range-max-wait-zero", "source", {"maxWaitMs": "0"}, "maxWaitMs", ">= 1"),
+    (
+        "range-max-bytes-zero",
+        "streaming",
+        {"maxBytesPerTrigger": "0"},
+        "maxBytesPerTrigger",
+        "between 1 and ",
+    ),
+    ("range-min-partitions-zero", "batch", {"minPartitions": "0"}, "minPartitions", "between 1 and "),
+    (
+        "range-min-partitions-negative",
+        "streaming",
+        {"minPartitions": "-3"},
+        "minPartitions",
+        "between 1 and ",
+    ),
+    ("range-max-wait-zero", "source", {"maxWaitMs": "0"}, "maxWaitMs", "between 1 and "),
     (
         "range-message-size-negative",
         "source",
@@ -111,8 +124,8 @@ CASES: list[Case] = [
         "endingOffset",
         None,
     ),
-    ("range-batch-size-negative", "sink", {"batchSize": "-1"}, "batchSize", ">= 1"),
-    ("range-sub-entry-negative", "sink", {"subEntrySize": "-2"}, "subEntrySize", ">= 1"),
+    ("range-batch-size-negative", "sink", {"batchSize": "-1"}, "batchSize", "between 1 and "),
+    ("range-sub-entry-negative", "sink", {"subEntrySize": "-2"}, "subEntrySize", "between 1 and "),
     ("range-in-flight-huge", "sink", {"maxInFlight": str(2**64)}, "maxInFlight", None),
     (
         "range-confirm-timeout-zero",
@@ -332,6 +345,55 @@ CASES: list[Case] = [
         "filterValuePath",
         None,
     ),
+    # --- numbers above their upper bound: the message gives the valid range and the value
+    (
+        "upper-sub-entry",
+        "sink",
+        {"subEntrySize": "70000", "compression": "zstd"},
+        "subEntrySize",
+        "must be between 1 and 65535, got 70000",
+    ),
+    ("upper-batch-size", "sink", {"batchSize": "10001"}, "batchSize", "between 1 and 10000, got 10001"),
+    ("upper-in-flight", "sink", {"maxInFlight": "1000001"}, "maxInFlight", "between 1 and 1000000"),
+    (
+        "upper-confirm-timeout",
+        "sink",
+        {"publisherConfirmTimeoutMs": "86400001"},
+        "publisherConfirmTimeoutMs",
+        "between 1 and 86400000",
+    ),
+    ("upper-enqueue-timeout", "sink", {"enqueueTimeoutMs": "86400001"}, "enqueueTimeoutMs", "between 0 and"),
+    ("upper-queue-capacity", "source", {"queueCapacity": "10000001"}, "queueCapacity", "between 1 and"),
+    (
+        "upper-poll-timeout",
+        "source",
+        {"pollTimeoutMs": "86400001"},
+        "pollTimeoutMs",
+        "between 1 and 86400000",
+    ),
+    ("upper-max-wait", "source", {"maxWaitMs": "604800001"}, "maxWaitMs", "between 1 and 604800000"),
+    ("upper-min-partitions", "batch", {"minPartitions": "100001"}, "minPartitions", "between 1 and 100000"),
+    (
+        "upper-max-records",
+        "streaming",
+        {"maxRecordsPerTrigger": "2147483648"},
+        "maxRecordsPerTrigger",
+        "between 1 and 2147483647",
+    ),
+    (
+        "upper-max-bytes",
+        "streaming",
+        {"maxBytesPerTrigger": "1099511627777"},
+        "maxBytesPerTrigger",
+        "between 1 and 1099511627776",
+    ),
+    (
+        "upper-message-size",
+        "source",
+        {"estimatedMessageSizeBytes": "1073741825"},
+        "estimatedMessageSizeBytes",
+        "between 1 and 1073741824",
+    ),
     ("compression-unknown", "sink", {"compression": "GZIP2"}, "compression", "zstd"),
     ("routing-empty", "sink", {"routingStrategy": ""}, "routingStrategy", None),
 ]
@@ -403,3 +465,41 @@ def test_lower_cased_keys_fail_the_same_way(
     msg = str(info.value)
     # A known option is named as users type it; an unknown one can only be named as given.
     assert f"'{option if option.lower() in KNOWN else option.lower()}'" in msg, msg
+
+
+# Options some integer options need beside them, and where each is valid.
+_INTEGER_CONTEXT: dict[str, tuple[str, dict[str, str]]] = {
+    "startingOffset": ("batch", {"startingOffsets": "offset"}),
+    "startingTimestamp": ("batch", {"startingOffsets": "timestamp"}),
+    "endingOffset": ("batch", {"endingOffsets": "offset", "startingOffsets": "earliest"}),
+    "maxRecordsPerTrigger": ("streaming", {}),
+    "maxBytesPerTrigger": ("streaming", {}),
+    "subEntrySize": ("sink", {}),
+    **{
+        n: ("sink", {}) for n in ("publisherConfirmTimeoutMs", "maxInFlight", "enqueueTimeoutMs", "batchSize")
+    },
+}
+
+
+@pytest.mark.parametrize("option", sorted(INTEGER_BOUNDS))
+def test_every_integer_option_is_bounded_on_both_sides(option: str) -> None:
+    """Each integer option accepts exactly its documented range; outside it, the message gives it."""
+    lo, hi = INTEGER_BOUNDS[option]
+    mode, context = _INTEGER_CONTEXT.get(option, ("batch", {}))
+    for inside in (lo, hi):
+        _parse(mode, {**BASE, **context, option: str(inside)})
+    for outside in (lo - 1, hi + 1):
+        with pytest.raises(ConfigurationError) as info:
+            _parse(mode, {**BASE, **context, option: str(outside)})
+        msg = str(info.value)
+        if outside > hi or hi < 2**63 - 1:
+            assert f"option '{option}' must be between {lo} and {hi}, got {outside}" in msg
+        else:
+            assert f"option '{option}' must be >= {lo}, got {outside}" in msg
+
+
+def test_the_models_enforce_the_same_bounds() -> None:
+    """Options built directly (not parsed from strings) are held to the same range."""
+    sink = parse_sink_options({**BASE})
+    with pytest.raises(ValueError, match="less than or equal to 65535"):
+        type(sink).model_validate({**sink.model_dump(), "sub_entry_size": 65536})

@@ -160,8 +160,16 @@ def test_encode_properties_trailing_nulls_trimmed_and_all_null_omitted() -> None
 
 
 def test_encode_group_sequence_is_uint32() -> None:
-    assert amqp_decoder(encode(b"", {"group_sequence": 7})).properties.group_sequence == 7
-    assert amqp_decoder(encode(b"", {"group_sequence": -1})).properties.group_sequence == 4294967295
+    for n in (0, 7, 2**32 - 1):
+        assert amqp_decoder(encode(b"", {"group_sequence": n})).properties.group_sequence == n
+
+
+@pytest.mark.parametrize("n", [-1, 2**32, 2**63 - 1, -(2**63)])
+def test_encode_group_sequence_outside_uint32_fails_instead_of_wrapping(n: int) -> None:
+    with pytest.raises(
+        DataError, match=rf"'properties.group_sequence' must be between 0 and 4294967295.*got {n}$"
+    ):
+        encode(b"", {"group_sequence": n})
 
 
 def test_encode_maps_decoded_by_rstream() -> None:

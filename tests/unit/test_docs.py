@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_rmqs.options import KNOWN_SINK_OPTIONS, KNOWN_SOURCE_OPTIONS, REMOVED_OPTIONS
+from pyspark_rmqs.options import (
+    INTEGER_BOUNDS,
+    KNOWN_SINK_OPTIONS,
+    KNOWN_SOURCE_OPTIONS,
+    REMOVED_OPTIONS,
+    describe_range,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +38,16 @@ def test_mkdocs_builds_strict(tmp_path: Path) -> None:
 def test_every_option_is_documented(option: str) -> None:
     text = (ROOT / "docs" / "options.md").read_text()
     assert f"`{option}`" in text, f"option {option} is missing from docs/options.md"
+
+
+@pytest.mark.parametrize("option", sorted(o for o, (_lo, hi) in INTEGER_BOUNDS.items() if hi < 2**63 - 1))
+def test_every_bounded_integer_option_documents_its_range(option: str) -> None:
+    """Offsets and timestamps (int64) say their lower bound in words; every other integer its range."""
+    text = (ROOT / "docs" / "options.md").read_text()
+    [row] = [r for r in text.splitlines() if r.startswith(f"| `{option}` |")]
+    assert f"({describe_range(option)})" in row, (
+        f"docs/options.md: {option} should say ({describe_range(option)})"
+    )
 
 
 def test_readme_links_resolve() -> None:

@@ -316,16 +316,16 @@ def test_boolean_rejects_other_values(value: str) -> None:
 @pytest.mark.parametrize(
     ("option", "value", "range_text"),
     [
-        ("maxRecordsPerTrigger", "0", ">= 1"),
-        ("maxRecordsPerTrigger", "abc", ">= 1"),
-        ("maxBytesPerTrigger", "-5", ">= 1"),
-        ("minPartitions", "1.5", ">= 1"),
-        ("pollTimeoutMs", "0", ">= 1"),
-        ("maxWaitMs", "1_000", ">= 1"),
+        ("maxRecordsPerTrigger", "0", "between 1 and "),
+        ("maxRecordsPerTrigger", "abc", "between 1 and "),
+        ("maxBytesPerTrigger", "-5", "between 1 and "),
+        ("minPartitions", "1.5", "between 1 and "),
+        ("pollTimeoutMs", "0", "between 1 and "),
+        ("maxWaitMs", "1_000", "between 1 and "),
         ("initialCredits", "0", "between 1 and 1000"),
         ("initialCredits", "1001", "between 1 and 1000"),
-        ("queueCapacity", "0", ">= 1"),
-        ("estimatedMessageSizeBytes", "", ">= 1"),
+        ("queueCapacity", "0", "between 1 and "),
+        ("estimatedMessageSizeBytes", "", "between 1 and "),
         ("startingOffset", "-1", ">= 0"),
         ("startingTimestamp", "yesterday", ">= 0"),
     ],
@@ -342,7 +342,9 @@ def test_source_integer_ranges(option: str, value: str, range_text: str) -> None
 
 def test_integer_above_long_range() -> None:
     msg = source_error({**BASE, "maxRecordsPerTrigger": str(2**63)})
-    assert "maxRecordsPerTrigger" in msg and "between 1 and 9223372036854775807" in msg
+    assert "option 'maxRecordsPerTrigger' must be between 1 and 2147483647, got 9223372036854775808" in msg
+    msg = source_error({**BASE, "startingOffsets": "offset", "startingOffset": str(2**63)})
+    assert "option 'startingOffset' must be between 0 and 9223372036854775807" in msg
 
 
 def test_source_integer_values_parse() -> None:
@@ -364,12 +366,12 @@ def test_source_integer_values_parse() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "range_text"),
     [
-        ("maxInFlight", "0", ">= 1"),
-        ("enqueueTimeoutMs", "-1", ">= 0"),
-        ("batchSize", "0", ">= 1"),
-        ("subEntrySize", "0", ">= 1"),
-        ("publisherConfirmTimeoutMs", "0", ">= 1"),
-        ("batchSize", "ten", ">= 1"),
+        ("maxInFlight", "0", "between 1 and "),
+        ("enqueueTimeoutMs", "-1", "between 0 and "),
+        ("batchSize", "0", "between 1 and "),
+        ("subEntrySize", "0", "between 1 and "),
+        ("publisherConfirmTimeoutMs", "0", "between 1 and "),
+        ("batchSize", "ten", "between 1 and "),
     ],
 )
 def test_sink_integer_ranges(option: str, value: str, range_text: str) -> None:
