@@ -4,10 +4,16 @@ and, with a producer name, nothing is duplicated."""
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import os
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -52,6 +58,45 @@ def _rows(df) -> list[tuple[str, int, bytes]]:  # type: ignore[no-untyped-def]
     return [(r.stream, r.offset, bytes(r.value)) for r in df.collect()]
 
 
+class SubscriptionWatch(threading.Thread):
+    """Polls the broker's management API for the subscriptions on `streams`, noting when each poll
+    was sent. The broker forgets every subscription when it stops, so a subscription listed by a
+    poll sent after the broker went down was made after the restart: a reader subscribed again."""
+
+    def __init__(self, b: BrokerSettings, streams: list[str]) -> None:
+        super().__init__(daemon=True, name="subscription-watch")
+        self.b, self.streams = b, set(streams)
+        self.sightings: list[tuple[float, str, int]] = []  # (poll sent at, stream, offset reached)
+        self.stop_event = threading.Event()
+
+    def poll(self) -> list[dict[str, Any]]:
+        port = os.environ.get("RMQS_MANAGEMENT_PORT", "15672")
+        req = urllib.request.Request(f"http://{self.b.host}:{port}/api/stream/consumers")
+        token = base64.b64encode(f"{self.b.username}:{self.b.password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(req, timeout=5) as answer:
+            return list(json.load(answer))
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            sent = time.monotonic()
+            try:
+                consumers = self.poll()
+            except (OSError, ValueError):  # the broker is down or starting
+                consumers = []
+            for c in consumers:
+                stream = c.get("queue", {}).get("name")
+                if stream in self.streams:
+                    self.sightings.append((sent, stream, int(c["offset"])))
+            self.stop_event.wait(0.1)
+
+    def listed_after(self, t: float) -> list[tuple[str, int]]:
+        """(stream, offset) of the subscriptions listed by polls sent after `t`."""
+        self.stop_event.set()
+        self.join(30)
+        return sorted({(stream, offset) for sent, stream, offset in self.sightings if sent > t})
+
+
 @pytest.mark.spark
 def test_batch_read_resumes_after_broker_restart(
     spark: SparkSession, restartable: BrokerSettings, streams, tmp_path: Path
@@ -62,19 +107,52 @@ def test_batch_read_resumes_after_broker_restart(
     publish(restartable, s, bodies, batch=5000)
     df = (
         spark.read.format("rabbitmq_streams")
-        .options(**spark_options(restartable, stream=s, metadataFields="", minPartitions="2"))
+        .options(
+            **spark_options(restartable, stream=s, metadataFields="", minPartitions="2", queueCapacity="500")
+        )
         .load()
         .select("stream", "offset", "value")
     )
     started = tmp_path / "started"
-    slow = df.mapInArrow(_paced(2000, 0.5, started), df.schema)  # 15 s per partition
+    slow = df.mapInArrow(_paced(1000, 0.5, started), df.schema)  # 30 s per partition
     fault = RestartWhen(started.exists)
+    watch = SubscriptionWatch(restartable, [s])
+    watch.start()
     fault.start()
     rows = _rows(slow)
     done_at = time.monotonic()
     fault.check()
     assert fault.down_at is not None and done_at > fault.down_at, "the read ended before the broker went down"
+    # Proof that both executors' readers resubscribed (not that everything was buffered before the
+    # restart): the broker lists subscriptions in each split, [0, 60000) and [60000, 120000), made
+    # after it went down. Local Spark runs both splits at once and never retries a task, so these
+    # are the readers resubscribing.
+    after = watch.listed_after(fault.down_at)
+    assert {offset >= 60_000 for _, offset in after} == {False, True}, after[:5] + after[-5:]
     assert_exact(rows, {s: bodies})
+
+
+def test_range_reader_resubscribes_once_after_broker_restart(
+    restartable: BrokerSettings, streams, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    """In process, so the resubscription is counted from the reader's own log: exactly one."""
+    s = streams.stream("fi")
+    bodies = [f"i{i:06d}".encode() for i in range(20_000)]
+    publish(restartable, s, bodies, batch=5000)
+    caplog.set_level(logging.WARNING, logger="pyspark_rmqs.broker.reader")
+    reader = RangeReader(conn_of(restartable), s, 0, 20_000, ReadSettings(batch_rows=500, queue_capacity=500))
+    it = iter(reader)
+    got = next(it).column("value").to_pylist()
+    assert 0 < len(got) < 20_000
+    broker_down()
+    broker_up()
+    for batch in it:
+        got.extend(batch.column("value").to_pylist())
+    assert got == bodies, "every message once, in order"
+    resubscribed = [
+        r for r in caplog.records if "resubscribing" in r.getMessage() and f"'{s}'" in r.getMessage()
+    ]
+    assert len(resubscribed) == 1, resubscribed
 
 
 @pytest.mark.spark
@@ -121,9 +199,12 @@ def test_streaming_query_and_producer_ride_out_broker_restart(
         .trigger(processingTime="200 milliseconds")
         .start()
     )
+    watch = SubscriptionWatch(restartable, parts)
+    watch.start()
     try:
         wait_for(lambda: q.lastProgress and q.lastProgress["numInputRows"] > 0, 120, "a first batch")
         broker_down()
+        down_at = time.monotonic()
         time.sleep(2)
         broker_up()
         time.sleep(3)  # the producer and the query carry on after the restart
@@ -146,6 +227,10 @@ def test_streaming_query_and_producer_ride_out_broker_restart(
     finally:
         q.stop()
     assert q.exception() is None
+    # The query read again after the restart: the broker lists subscriptions made after it went
+    # down, on every partition (the producer's data spread over all of them).
+    after = watch.listed_after(down_at)
+    assert {stream for stream, _ in after} == set(parts), after[:20]
     rows = _rows(spark.read.parquet(str(tmp_path / "out")))
     conn = conn_of(restartable)
     expected = {p: read_range(conn, p, 0, tails[p]).column("value").to_pylist() for p in parts}
