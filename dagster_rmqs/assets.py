@@ -44,7 +44,7 @@ META_MODE = "rmqs/mode"
 # Errors a retry cannot fix, as named in the text of an error that crossed Spark's boundary.
 _NON_RETRYABLE = re.compile(
     r"\b(ConfigurationError|AuthenticationError|DataLossError|StreamNotFoundError|UnsupportedBrokerError"
-    r"|DataError): "
+    r"|DataError|WatermarkConflictError): "
 )
 
 
@@ -151,6 +151,7 @@ def build_stream_asset(
     deps: Sequence[Any] | None = None,
     owners: Sequence[str] | None = None,
     tags: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ) -> AssetsDefinition:
     """An asset reading `[watermark + 1, tail)` of a (super) stream into a sink, then moving the watermark.
 
@@ -160,6 +161,9 @@ def build_stream_asset(
     `sink` replaces the file output (`output_*`) with any function writing the DataFrame.
     The asset needs the resources `rabbitmq` (RabbitMQStreamsResource) and `spark`
     (SparkSessionResource or a SparkSession).
+    `pool` (default `rmqs-<consumer_name>`, see `consumer_pool`) is the Dagster concurrency pool:
+    with a limit of 1 on it, two materializations of one consumer's watermark never run at once. A
+    retry after a failed run reads exactly the range that run recorded (DESIGN §4).
     """
     target = _target(stream, superstream, consumer_name)
     if not consumer_name:
@@ -213,7 +217,8 @@ def build_stream_asset(
                 return _read_partitions(context, conn, target, write, uri, metadata_fields, fail_on_data_loss)
             plan = plan_read(
                 conn,
-                **target.kw,
+                stream=target.stream,
+                superstream=target.superstream,
                 consumer=consumer_name,
                 start="watermark",
                 end="latest",
@@ -221,7 +226,8 @@ def build_stream_asset(
                 starting_offsets=starting_offsets,
                 fail_on_data_loss=fail_on_data_loss,
             )
-            context.log.info(f"reading {_describe(plan)} as consumer '{consumer_name}'")
+            again = " (the pending plan of a failed run)" if plan.resumed else ""
+            context.log.info(f"reading {_describe(plan)} as consumer '{consumer_name}'{again}")
             # Nothing new: no session (run_read touches Spark only for a non-empty plan).
             spark: Any = None if plan.is_empty else session_of(context.resources.spark)
             summary = run_read(spark, conn, plan, write, metadata_fields=metadata_fields)
@@ -245,7 +251,13 @@ def build_stream_asset(
             owners=owners,
             tags=tags,
             kinds={"spark", "rabbitmq"},
+            pool=pool or consumer_pool(consumer_name),
         )(materialize)
+
+
+def consumer_pool(consumer_name: str) -> str:
+    """The default Dagster concurrency pool of the assets reading as `consumer_name`."""
+    return f"rmqs-{consumer_name}"
 
 
 def _read_partitions(

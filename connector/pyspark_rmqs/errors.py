@@ -5,6 +5,10 @@ Messages name the stream, partition, offset and option involved; they never cont
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("pyspark_rmqs.planning")
+
 
 class RmqsError(Exception):
     """Base of every error raised by rmqs."""
@@ -41,6 +45,14 @@ class BrokerTimeoutError(BrokerUnavailableError, TimeoutError):
     """The broker did not answer or deliver in time (`pollTimeoutMs`, `maxWaitMs`, confirms)."""
 
 
+class WatermarkConflictError(RmqsError):
+    """Another run moved a consumer's watermark while this one ran: never retried, nothing stored.
+
+    Two runs on one consumer name read overlapping ranges; storing this run's end could move the
+    watermark backwards. Serialise runs per consumer name, or give each pipeline its own name.
+    """
+
+
 class UnsupportedBrokerError(RmqsError):
     """The broker is too old for a requested feature (super streams 3.11, filtering 3.13)."""
 
@@ -53,3 +65,23 @@ class PublishError(RmqsError):
     """The broker rejected a published message (negative confirm) or confirms timed out."""
 
     retryable = True
+
+
+def lost_message(stream: str, start: int, end: int, why: str) -> str:
+    """The one wording of a data-loss report: the stream, the missing offsets and why."""
+    return f"offsets [{start}, {end}) of stream '{stream}' are lost ({end - start} offsets): {why}"
+
+
+def report_data_loss(fail: bool, message: str) -> None:
+    """The one place data loss is decided: raise with `failOnDataLoss=true`, else warn and go on.
+
+    Used at planning (driver), in the reader after every (re)subscription and between chunks
+    (executors) and between a run's attempts, so every path says the same thing: the stream, the
+    missing offsets and the option.
+    """
+    if fail:
+        raise DataLossError(
+            message + ". Set failOnDataLoss=false to skip what is lost and continue (at-least-once "
+            "becomes at-most-once for the lost range)."
+        )
+    log.warning("data loss (failOnDataLoss=false): %s", message)

@@ -5,9 +5,13 @@ Shared by the Airflow operators and the Dagster assets, so both behave alike:
 1. `plan_read` fixes the range per partition stream before anything is read: start from the
    watermark (the consumer's stored offset + 1), an offset, a timestamp or earliest/latest; end at
    the tails as they are now (or offsets / a timestamp); `max_messages` caps it proportionally.
+   A watermark run records its plan in the broker (`watermarks.record_plan`) before reading, and a
+   run that finds a pending plan (an earlier try failed after planning) reads exactly that range
+   again, whatever arrived since: any retry, on any worker, reads the same rows.
 2. `run_read` reads exactly that range with Spark, hands the DataFrame to the sink, and only after
-   the sink returned stores the new watermarks (`end - 1`). Any failure before that leaves the
-   watermark alone, so a retry reads the same range again: at-least-once, same rows.
+   the sink returned stores the new watermarks (`end - 1`), unless another run moved them since
+   this one planned (`WatermarkConflictError`: a watermark never moves backwards). Any failure
+   before that leaves the watermark alone and the plan pending: at-least-once, same rows.
 3. `run_drain` does the same with a Structured Streaming query and `Trigger.AvailableNow`.
 
 pyspark is imported only inside the Spark-running functions: planning is metadata only.
@@ -27,10 +31,17 @@ from typing import TYPE_CHECKING, Any
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.codec import to_millis
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError, lost_message, report_data_loss
 from pyspark_rmqs.options import ConnectionOptions
-from pyspark_rmqs.planning import report_data_loss
-from pyspark_rmqs.watermarks import Watermarks, store_watermarks, watermarks, watermarks_after
+from pyspark_rmqs.watermarks import (
+    Watermarks,
+    pending_plan,
+    record_plan,
+    store_watermarks,
+    store_watermarks_checked,
+    watermarks,
+    watermarks_after,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +60,12 @@ class ReadPlan:
     consumer: str | None
     start: dict[str, int]
     end: dict[str, int]
+    # The consumer's stored offsets when the run planned: storing checks nobody moved them since.
+    seen: dict[str, int | None] = field(default_factory=dict)
+    # True when this run re-reads a pending plan that an earlier, failed try recorded.
+    resumed: bool = False
+    # Carried into the executors: a gap found while reading fails the run or is skipped and logged.
+    fail_on_data_loss: bool = True
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -139,28 +156,45 @@ def plan_read(
     max_messages: int | None = None,
     starting_offsets: str = "earliest",
     fail_on_data_loss: bool = True,
+    persist: bool = True,
 ) -> ReadPlan:
-    """Fix `[start, end)` per partition stream now (tails as of this call), metadata only."""
+    """Fix `[start, end)` per partition stream now (tails as of this call), metadata only.
+
+    With `start="watermark"` and `persist` (a run that will store the watermark), a pending plan
+    is read again as it was recorded, and a new plan is recorded in the broker before returning.
+    Backfills (explicit starts, `persist=False`) neither read nor touch the recorded plan.
+    """
     if starting_offsets not in ("earliest", "latest"):
         raise ConfigurationError(f"starting_offsets must be 'earliest' or 'latest'; got {starting_offsets!r}")
     if max_messages is not None and max_messages < 1:
         raise ConfigurationError(f"max_messages must be at least 1; got {max_messages}")
     w = watermarks(conn, consumer or "", stream=stream, superstream=superstream)
-    client = BrokerClient(conn)
-    starts = _resolve(client, w, start, is_end=False, fallback=starting_offsets)
-    ends = _resolve(client, w, end, is_end=True)
+    seen = {p.stream: p.stored for p in w.partitions}
+    watermark_run = bool(consumer) and persist and isinstance(start, str) and start == "watermark"
+    pending = pending_plan(conn, w) if watermark_run else {}
+    if pending:
+        starts = {p.stream: pending.get(p.stream, (p.next_offset, 0))[0] for p in w.partitions}
+        ends = {p.stream: pending.get(p.stream, (0, p.next_offset))[1] for p in w.partitions}
+        log.info("consumer '%s' has a pending plan %s: reading exactly that range again", consumer, pending)
+    else:
+        client = BrokerClient(conn)
+        starts = _resolve(client, w, start, is_end=False, fallback=starting_offsets)
+        ends = _resolve(client, w, end, is_end=True)
     for p in w.partitions:
         s = p.stream
-        if starts[s] < p.first:
+        if starts[s] < p.first and ends[s] > starts[s]:
             report_data_loss(
                 fail_on_data_loss,
-                f"offsets [{starts[s]}, {p.first}) of stream '{s}' were removed by retention before this run",
+                lost_message(s, starts[s], min(p.first, ends[s]), "retention removed them before this run"),
             )
-            starts[s] = p.first
+        starts[s] = max(starts[s], p.first)
         ends[s] = max(starts[s], min(ends[s], p.tail))
-    if max_messages is not None:
+    if max_messages is not None and not pending:
         ends = off.apply_limit(starts, ends, max_messages)
-    return ReadPlan(w.target, w.superstream, consumer, starts, ends)
+    plan = ReadPlan(w.target, w.superstream, consumer, starts, ends, seen, bool(pending), fail_on_data_loss)
+    if watermark_run and not pending and consumer:
+        record_plan(conn, consumer, plan.ranges)
+    return plan
 
 
 # --------------------------------------------------------------------------------------- Spark
@@ -200,6 +234,7 @@ def read_options(conn: ConnectionOptions, plan: ReadPlan, **extra: str) -> dict[
     opts["superstream" if plan.superstream else "stream"] = plan.target
     opts["startingOffsets"] = off.offsets_to_json(plan.start)
     opts["endingOffsets"] = off.offsets_to_json(plan.end)
+    opts["failOnDataLoss"] = "true" if plan.fail_on_data_loss else "false"
     opts.update(extra)
     return opts
 
@@ -267,15 +302,40 @@ def run_read(
         counts = _observed(obs)
         summary.rows = counts["rows"] if counts else None
         summary.bytes = counts["bytes"] if counts else None
+        if not plan.fail_on_data_loss:
+            summary.extra["data_loss"] = _retention_during(conn, plan)
     if store_watermark and plan.consumer and not plan.is_empty:
-        store_watermarks(conn, plan.consumer, watermarks_after(plan.ranges))
+        store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
         summary.watermark_stored = True
+    if plan.resumed:
+        summary.extra["resumed_plan"] = True
     if plan.consumer:
         w = watermarks(conn, plan.consumer, **_target_kw(plan))
         summary.lag_after = w.total_lag
     summary.seconds = round(time.monotonic() - t0, 3)
     log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict()))
     return summary
+
+
+def _retention_during(conn: ConnectionOptions, plan: ReadPlan) -> dict[str, list[int]]:
+    """Per stream, the part of the range retention removed by the end of the read: `[start, first)`.
+
+    With `failOnDataLoss=false` the executors skip (and log, with exact offsets) what retention
+    removed before they read it; offsets of this span they read earlier are in the output. The
+    summary names the span so a run that may have lost rows never looks like a clean one.
+    """
+    firsts = BrokerClient(conn).bounds(plan.ranges)
+    out: dict[str, list[int]] = {}
+    for s, (start, end) in plan.ranges.items():
+        found = firsts.get(s)
+        first = end if found is None else found[0]  # a deleted stream: the whole range
+        if first > start:
+            out[s] = [start, min(first, end)]
+    if out:
+        log.warning(
+            "rmqs run on '%s': retention removed %s during the read (failOnDataLoss=false)", plan.target, out
+        )
+    return out
 
 
 def _target_kw(plan: ReadPlan) -> dict[str, str]:
@@ -335,6 +395,7 @@ def run_drain(
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
+    last = _never_backwards(conn, consumer, last, stream=stream, superstream=superstream)
     if last:
         store_watermarks(conn, consumer, last)
     after = watermarks(conn, consumer, stream=stream, superstream=superstream)
@@ -349,6 +410,23 @@ def run_drain(
         watermark_stored=bool(last),
         extra={"batches": len(progress)},
     )
+
+
+def _never_backwards(
+    conn: ConnectionOptions, consumer: str, last: dict[str, int], **target: str | None
+) -> dict[str, int]:
+    """The watermarks of `last` that move forward: a lower one (another run got further) is not stored."""
+    if not last:
+        return last
+    current = {p.stream: p.stored for p in watermarks(conn, consumer, **target).partitions}
+    behind = {s: (current[s], v) for s, v in last.items() if (current.get(s) or -1) > v}
+    if behind:
+        log.warning(
+            "consumer '%s' is already past this drain on %s (stored, drained): not moving it backwards",
+            consumer,
+            behind,
+        )
+    return {s: v for s, v in last.items() if s not in behind}
 
 
 def _offsets(v: Any) -> dict[str, int]:

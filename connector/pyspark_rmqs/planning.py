@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pyspark_rmqs.broker.client import BrokerClient, parse_version
-from pyspark_rmqs.errors import DataLossError, StreamNotFoundError, UnsupportedBrokerError
+from pyspark_rmqs.errors import StreamNotFoundError, UnsupportedBrokerError, lost_message, report_data_loss
 from pyspark_rmqs.offsets import EARLIEST, LATEST
 from pyspark_rmqs.options import SourceOptions
 
@@ -19,16 +19,6 @@ log = logging.getLogger(__name__)
 
 SUPER_STREAMS = (3, 11, 0)
 FILTERING = (3, 13, 0)
-
-
-def report_data_loss(fail: bool, message: str) -> None:
-    """The one place data loss is decided: raise with `failOnDataLoss=true`, else warn and go on."""
-    if fail:
-        raise DataLossError(
-            message + ". Set failOnDataLoss=false to skip what is lost and continue (at-least-once "
-            "becomes at-most-once for the lost range)."
-        )
-    log.warning("data loss (failOnDataLoss=false): %s", message)
 
 
 def check_version(
@@ -125,11 +115,7 @@ def clamp_to_retention(starts: Mapping[str, int], b: Bounds, fail_on_data_loss: 
     for s, start in starts.items():
         first = b.first.get(s)
         if first is not None and start < first:
-            report_data_loss(
-                fail_on_data_loss,
-                f"offsets [{start}, {first}) of stream '{s}' were removed by retention; the first "
-                f"available offset is {first}",
-            )
+            report_data_loss(fail_on_data_loss, lost_message(s, start, first, "retention removed them"))
             out[s] = first
     return out
 

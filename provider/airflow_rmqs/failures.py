@@ -20,6 +20,7 @@ from pyspark_rmqs.errors import (
     DataLossError,
     StreamNotFoundError,
     UnsupportedBrokerError,
+    WatermarkConflictError,
 )
 from pyspark_rmqs.redact import redact_text
 
@@ -30,6 +31,7 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     DataLossError,
     UnsupportedBrokerError,
     DataError,
+    WatermarkConflictError,
 )
 _NAMES = tuple(c.__name__ for c in NON_RETRYABLE)
 

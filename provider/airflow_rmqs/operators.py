@@ -85,6 +85,9 @@ class RabbitMQStreamReadOperator(_SparkOperator):
     :param output_path: write the rows there with `output_format` / `output_mode` / `output_options`.
     :param process: instead of `output_path`, `process(df, context)` is the sink.
     :param store_watermark: store `end - 1` per stream after the sink succeeded (False for backfills).
+        A watermark run records its plan in the broker first: a retry reads exactly the same range.
+        Runs are serialised (`max_active_tis_per_dag=1` unless given): two runs on one consumer
+        name would read the same range, and the later store fails with `WatermarkConflictError`.
     :param metadata_fields: the source's `metadataFields` option (default: all metadata columns).
     """
 
@@ -122,6 +125,7 @@ class RabbitMQStreamReadOperator(_SparkOperator):
         metadata_fields: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("max_active_tis_per_dag", 1)  # one run per consumer name at a time
         super().__init__(**kwargs)
         if (output_path is None) == (process is None):
             raise ValueError("give exactly one of 'output_path' or 'process'")
@@ -166,8 +170,14 @@ class RabbitMQStreamReadOperator(_SparkOperator):
                 max_messages=values.optional_int(self.max_messages, "max_messages"),
                 starting_offsets=str(self.starting_offsets).strip().lower(),
                 fail_on_data_loss=self.fail_on_data_loss,
+                persist=self.store_watermark,
             )
-            self.log.info("rmqs: reading '%s' ranges %s", plan.target, plan.ranges or "(nothing new)")
+            self.log.info(
+                "rmqs: reading '%s' ranges %s%s",
+                plan.target,
+                plan.ranges or "(nothing new)",
+                " (the pending plan of a failed try)" if plan.resumed else "",
+            )
             summary = jobs.run_read(
                 self.spark_session(),
                 conn,
@@ -213,6 +223,7 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
         timeout: float = 3600.0,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("max_active_tis_per_dag", 1)  # one drain per consumer name at a time
         super().__init__(**kwargs)
         self.consumer_name = consumer_name
         self.checkpoint_location = checkpoint_location

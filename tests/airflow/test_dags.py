@@ -112,6 +112,14 @@ def sink_then_fail_once(df, context):
         json.dump(stored, f)
     df.write.parquet(os.path.join(OUT, f"attempt-{attempt}"))
     if attempt == 1:
+        # New data arrives before the retry: the retry must still read exactly the planned range.
+        from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+        from pyspark_rmqs.codec import encode
+
+        conn = RabbitMQStreamHook(CONN_ID).get_conn()
+        with StreamProducer(conn, STREAM, superstream=False, settings=WriteSettings()) as p:
+            p.send([encode(f"late{i}".encode()) for i in range(25)])
+            p.flush()
         raise RuntimeError("injected failure after the read, before the sink commit")
 
 
@@ -144,10 +152,13 @@ def test_failure_before_the_sink_commit_keeps_the_watermark_and_the_retry_reread
     assert json.loads((tmp_path / "watermark-before-2.json").read_text()) == {
         s: None
     }  # unchanged by the failure
+    # The retry read the recorded plan [0, 40), not the 25 messages published after it.
     assert rows(spark, tmp_path / "attempt-1") == rows(spark, tmp_path / "attempt-2") == sorted(bodies)
     assert RabbitMQStreamHook().stored("job", stream=s) == {s: 39}
     summary = xcom(dag_run, "read")
     assert summary["rows"] == 40
+    assert summary["start_offsets"] == {s: 0} and summary["end_offsets"] == {s: 40}
+    assert summary["resumed_plan"] is True
     # The password is in no log line, XCom value or rendered field.
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
 

@@ -23,6 +23,7 @@ from pyspark_rmqs.errors import (
     AuthenticationError,
     BrokerTimeoutError,
     ConfigurationError,
+    DataLossError,
     PublishError,
     StreamNotFoundError,
 )
@@ -212,9 +213,14 @@ def test_reader_empty_range_and_tracking_entry_at_the_end(conn, client, streams)
 
 def test_missing_stream_raises_stream_not_found(conn, client) -> None:  # type: ignore[no-untyped-def]
     missing = "no-such-stream-" + uuid.uuid4().hex[:10]
-    with pytest.raises(StreamNotFoundError) as exc:
+    # A reader only runs on a planned range: a stream gone by then is data loss (failOnDataLoss).
+    with pytest.raises(DataLossError) as lost:
         read_range(conn, missing, 0, 10, ReadSettings())
-    assert missing in str(exc.value)
+    assert f"offsets [0, 10) of stream '{missing}' are lost" in str(lost.value)
+    assert "failOnDataLoss" in str(lost.value)
+    reader = RangeReader(conn, missing, 0, 10, ReadSettings(fail_on_data_loss=False))
+    assert list(reader) == []
+    assert reader.lost == [(0, 10)]
     with pytest.raises(StreamNotFoundError) as exc:
         client.tail(missing)
     assert missing in str(exc.value)

@@ -136,7 +136,7 @@ def test_fail_on_data_loss_for_retention(spark: SparkSession, broker: BrokerSett
     first = client(broker).first_offset(s)
     tail = client(broker).tail(s)
     assert first > 0, "retention should have truncated the stream"
-    with pytest.raises(PySparkException, match="removed by retention"):
+    with pytest.raises(PySparkException, match=r"DataLossError: offsets \[\d+, \d+\) of stream .* are lost"):
         read(spark, broker, stream=s, startingOffsets="offset", startingOffset="0").count()
     got = rows(
         read(spark, broker, stream=s, startingOffsets="offset", startingOffset="0", failOnDataLoss="false")

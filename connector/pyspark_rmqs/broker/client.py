@@ -69,7 +69,14 @@ class AsyncBrokerClient:
     async def _locator(self) -> RmqsClient:
         return await get_pool().locator(self.conn)
 
-    async def _retry(self, what: str, attempt: Callable[[], Awaitable[R]]) -> R:
+    async def _retry(
+        self, what: str, attempt: Callable[[], Awaitable[R]], *, timeout_error: bool = False
+    ) -> R:
+        """`attempt()` until it succeeds, waiting out transient errors within the recovery window.
+
+        With `timeout_error`, an attempt that timed out is retried even before this process reached
+        the broker, and the final error is a `BrokerTimeoutError` (a probe that never answered).
+        """
         backoff: Backoff | None = None
         while True:
             try:
@@ -78,14 +85,16 @@ class AsyncBrokerClient:
                 err = as_transient(e, what)
                 if err is None:
                     raise
-                if not (self.patient or get_pool().reached(self.conn)):
+                timed_out = timeout_error and isinstance(err, BrokerTimeoutError)
+                if not (self.patient or timed_out or get_pool().reached(self.conn)):
                     if err is e:
                         raise
                     raise err from e
                 backoff = backoff or Backoff()
                 delay = backoff.next_delay()
                 if delay is None:
-                    raise BrokerUnavailableError(
+                    final = BrokerTimeoutError if timed_out else BrokerUnavailableError
+                    raise final(
                         f"{what}: the broker did not come back within {RECOVERY_WINDOW_S:.0f} s ({err})"
                     ) from e
                 if backoff.attempts == 1:
@@ -154,80 +163,128 @@ class AsyncBrokerClient:
             return st.committed_offset + 1
         if st.is_empty:
             return max(0, st.first_chunk_id)
-        last = await self._probe_last_chunk(stream)
-        if last is not None and last.num_records:
-            self.message_size[stream] = len(last.data) / last.num_records
+        last = await self._last_user_chunk(stream, st)
         # No user chunk at all (only tracking entries): nothing to read before the first chunk.
         return last.next_offset if last is not None else max(0, st.first_chunk_id)
 
-    async def _probe_last_chunk(self, stream: str) -> Chunk | None:
-        """Subscribe at `last` (the last user chunk) with one credit and read its header."""
-        return await self._retry(f"tail of '{stream}'", lambda: self._probe_last_chunk_once(stream))
+    async def _last_user_chunk(self, stream: str, st: StreamStats) -> Chunk | None:
+        """The last user chunk, proven: None only when the stream holds no user chunk at all.
 
-    async def _probe_last_chunk_once(self, stream: str) -> Chunk | None:
-        client = await self._locator()
-        sub = client.alloc_subscription_id()
-        got: asyncio.Future[Chunk] = asyncio.get_running_loop().create_future()
+        A subscription at `last` delivers the last user chunk, or nothing when there is none (the
+        broker then waits for new data). Silence is therefore ambiguous: a slow or paused broker
+        looks the same. An unfiltered scan from the first chunk tells them apart; a slow broker is
+        retried within the recovery window and then fails with `BrokerTimeoutError`, never
+        guessed (a guessed tail would make a batch read short and lag 0).
+        """
 
-        def sink(chunk: Chunk) -> None:
-            if not got.done():
-                got.set_result(chunk)
-
-        client.deliver_sinks[sub] = sink
-        try:
-            await client.subscribe(
-                stream,
-                sub,
-                offset_spec=schema.OffsetSpec.from_params(OffsetType.LAST, None),
-                initial_credit=1,
-            )
-            try:
-                return await asyncio.wait_for(got, PROBE_TIMEOUT_S)
-            except TimeoutError:
-                return None
-            finally:
-                try:
-                    await client.unsubscribe(sub)
-                except Exception:  # the subscription may already be gone with the stream
-                    log.debug("unsubscribe after tail probe failed", exc_info=True)
-        except rx.StreamDoesNotExist as e:
-            raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
-        finally:
-            client.deliver_sinks.pop(sub, None)
-
-    async def offset_for_timestamp(self, stream: str, timestamp_ms: int) -> int:
-        """The first offset of the first chunk at or after `timestamp_ms`; the tail when there is none."""
-        what = f"offset of '{stream}' at {timestamp_ms}"
-        return await self._retry(what, lambda: self._offset_for_timestamp_once(stream, timestamp_ms))
-
-    async def _offset_for_timestamp_once(self, stream: str, timestamp_ms: int) -> int:
-        client = await self._locator()
-        sub = client.alloc_subscription_id()
-        got: asyncio.Future[Chunk] = asyncio.get_running_loop().create_future()
-        client.deliver_sinks[sub] = lambda ch: None if got.done() else got.set_result(ch)
-        try:
-            try:
-                await client.subscribe(
-                    stream,
-                    sub,
-                    offset_spec=schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms),
-                    initial_credit=1,
+        async def once() -> Chunk | None:
+            last = await self._probe(stream, schema.OffsetSpec.from_params(OffsetType.LAST, None))
+            if last is None:
+                if not await self._has_user_chunk(stream, st):
+                    return None
+                raise BrokerTimeoutError(
+                    f"tail of '{stream}': the broker did not deliver the last chunk within "
+                    f"{PROBE_TIMEOUT_S} s"
                 )
+            if last.num_records:
+                self.message_size[stream] = len(last.data) / last.num_records
+            return last
+
+        return await self._retry(f"tail of '{stream}'", once, timeout_error=True)
+
+    async def _probe(self, stream: str, spec: Any) -> Chunk | None:
+        """The first chunk a subscription at `spec` delivers; None when none came within the probe timeout."""
+        chunks = await self._scan(stream, spec, lambda chunk: True)
+        return chunks[-1] if chunks else None
+
+    async def _has_user_chunk(self, stream: str, st: StreamStats) -> bool:
+        """Whether `stream` holds any user chunk, by reading chunk headers from its first chunk.
+
+        Called only when `last` delivered nothing, so the stream is normally all tracking entries
+        (a short scan). Raises `BrokerTimeoutError` when the broker does not deliver in time.
+        """
+        seen: list[bool] = []
+
+        def done(chunk: Chunk) -> bool:
+            if chunk.chunk_type == 0:
+                seen.append(True)
+                return True
+            return chunk.first_offset >= st.committed_chunk_id
+
+        spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, max(0, st.first_chunk_id))
+        chunks = await self._scan(stream, spec, done)
+        if not chunks or not done(chunks[-1]):
+            raise BrokerTimeoutError(
+                f"tail of '{stream}': the broker did not deliver its chunks within {PROBE_TIMEOUT_S} s"
+            )
+        return bool(seen)
+
+    async def _scan(self, stream: str, spec: Any, done: Callable[[Chunk], bool]) -> list[Chunk]:
+        """Chunks from `spec`, one credit at a time, until `done(chunk)`; stops at the first silence.
+
+        Returns what arrived (the last element satisfies `done` unless the broker went silent for
+        `PROBE_TIMEOUT_S`). Chunk data is kept only for the last chunk.
+        """
+        client = await self._locator()
+        sub = client.alloc_subscription_id()
+        q: asyncio.Queue[Chunk] = asyncio.Queue()
+        client.deliver_sinks[sub] = q.put_nowait
+        out: list[Chunk] = []
+        try:
+            try:
+                await client.subscribe(stream, sub, offset_spec=spec, initial_credit=1)
             except rx.StreamDoesNotExist as e:
                 raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
-            tail = await self.tail(stream)
             try:
-                chunk = await asyncio.wait_for(got, PROBE_TIMEOUT_S) if tail > 0 else None
-            except TimeoutError:
-                chunk = None
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(q.get(), PROBE_TIMEOUT_S)
+                    except TimeoutError:
+                        return out
+                    out.append(chunk)
+                    if done(chunk):
+                        return out
+                    await client.credit(sub, 1)
             finally:
-                try:
-                    await client.unsubscribe(sub)
-                except Exception:
-                    log.debug("unsubscribe after timestamp probe failed", exc_info=True)
-            return min(chunk.first_offset, tail) if chunk is not None else tail
+                await self._unsubscribe(client, sub)
         finally:
             client.deliver_sinks.pop(sub, None)
+
+    async def _unsubscribe(self, client: RmqsClient, sub: int) -> None:
+        """End a probe subscription; a broker that does not answer loses the metadata connection instead."""
+        try:
+            await asyncio.wait_for(client.unsubscribe(sub), PROBE_TIMEOUT_S * 2)
+        except Exception:  # gone with the stream, or the broker is paused: do not leave it half open
+            log.debug("unsubscribe after a probe failed; dropping the metadata connection", exc_info=True)
+            await get_pool().drop_locator(self.conn)
+
+    async def offset_for_timestamp(self, stream: str, timestamp_ms: int) -> int:
+        """The first offset of the first chunk at or after `timestamp_ms`; the tail when there is none.
+
+        A subscription at a timestamp past every chunk delivers nothing, as a paused broker does;
+        the answer "the tail" is given only when the last user chunk is older than `timestamp_ms`.
+        """
+        what = f"offset of '{stream}' at {timestamp_ms}"
+        return await self._retry(
+            what, lambda: self._offset_for_timestamp_once(stream, timestamp_ms), timeout_error=True
+        )
+
+    async def _offset_for_timestamp_once(self, stream: str, timestamp_ms: int) -> int:
+        st = await self.stats(stream)
+        tail = await self._tail(stream, st)
+        if tail <= max(0, st.first_chunk_id):
+            return tail
+        spec = schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms)
+        chunk = await self._probe(stream, spec)
+        if chunk is not None:
+            return min(chunk.first_offset, tail)
+        last = await self._last_user_chunk(stream, st)
+        if last is None or last.timestamp < timestamp_ms:
+            return tail
+        raise BrokerTimeoutError(
+            f"offset of '{stream}' at {timestamp_ms}: the broker delivered no chunk within "
+            f"{PROBE_TIMEOUT_S} s"
+        )
 
     async def stored_offset(self, consumer: str, stream: str) -> int | None:
         """The broker-stored offset of `consumer` on `stream`; None when it stored none."""

@@ -9,8 +9,18 @@ Waiting is bounded twice: `poll_timeout_ms` without any chunk, or `max_wait_ms` 
 read, fails the read (a range is never silently shortened). A lost connection (a broker restart)
 resubscribes at the next offset to emit, waiting for the broker as `recovery.py` says; rows already
 emitted are never emitted again. A range whose last offsets are not
-user messages (offset-tracking entries) or whose chunks the broker skips (filtering) ends as soon
-as the broker has nothing more to send and the stream's tail shows nothing is missing.
+user messages (offset-tracking entries) ends as soon as the stream's tail shows nothing is missing.
+
+Data loss is checked where it happens: after every (re)subscription and between chunks, a gap in
+the offsets the broker delivers (retention removed them, or the stream was deleted) is reported
+through `planning.report_data_loss` with the stream, the missing offsets and `failOnDataLoss`; with
+`failOnDataLoss=false` the lost ranges are logged and kept in `RangeReader.lost`.
+
+Filtering: the broker skips chunks without a matching filter value and says nothing, so silence
+cannot prove a filtered range complete. When a filtered subscription stays silent while the tail
+shows user chunks left in the range, the reader reads the rest of the range unfiltered (the post
+filter still applies): no matching message is ever dropped, at the price of the non-matching
+messages of those last chunks when no post filter is set (as with Bloom false positives).
 """
 
 from __future__ import annotations
@@ -36,13 +46,19 @@ from pyspark_rmqs.broker.loop import get_loop, run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
-from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
+from pyspark_rmqs.errors import (
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    StreamNotFoundError,
+    lost_message,
+    report_data_loss,
+)
 
 log = logging.getLogger(__name__)
 
 _IDLE_CHECK_S = 0.25
-# With filtering, the broker skips chunks without a matching filter value and sends nothing: a
-# read whose range is fully written ends after this long without a chunk.
+# With filtering, the broker skips chunks without a matching filter value and sends nothing: after
+# this long without a chunk while user chunks remain in the range, the rest is read unfiltered.
 _FILTER_IDLE_END_S = 2.0
 _MAX_RECONNECTS = 5  # connection losses in a row without a single new message
 
@@ -62,18 +78,36 @@ class ReadSettings:
     strict: bool = False
     batch_rows: int = 8192
     consumer_name: str | None = None
+    fail_on_data_loss: bool = True
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Gap:
+    """Offsets `[start, end)` the broker skipped over: tracking entries, filtered chunks, or lost.
+
+    Consumers are not sent offset-tracking chunks and filtered-out chunks, so a gap alone proves
+    nothing; the stream's first offset decides (`RangeReader._gap`).
+    """
+
+    start: int
+    end: int
 
 
 class _Bridge:
     """Loop-side half of one subscription: receives chunks, grants credits."""
 
-    def __init__(self, client: RmqsClient, sub: int, end: int, capacity: int) -> None:
+    def __init__(
+        self, client: RmqsClient, sub: int, start: int, end: int, capacity: int, *, filtered: bool
+    ) -> None:
         self.client = client
         self.sub = sub
         self.end = end
         self.capacity = capacity
-        self.q: queue.SimpleQueue[Chunk | BaseException] = queue.SimpleQueue()
+        self.filtered = filtered
+        # The offset the next delivered chunk should cover; one starting later opens a gap.
+        self.expect = start
+        self.q: queue.SimpleQueue[Chunk | _Gap | BaseException] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.queued = 0
         self.owed = 0
@@ -81,6 +115,9 @@ class _Bridge:
         self.loop = asyncio.get_running_loop()
 
     def on_chunk(self, chunk: Chunk) -> None:  # loop thread
+        if chunk.first_offset > self.expect and self.expect < self.end:
+            self.q.put(_Gap(self.expect, chunk.first_offset))
+        self.expect = max(self.expect, chunk.next_offset)
         if chunk.chunk_type != 0:  # not user data: nothing to queue, but keep the credit flowing
             if chunk.next_offset < self.end:
                 self.loop.create_task(self._credit())
@@ -115,6 +152,10 @@ class _Bridge:
             self.q.put(BrokerUnavailableError(f"could not grant credit: {e}"))
 
 
+class _Unfiltered(Exception):
+    """Internal: a silent filtered subscription is replaced by an unfiltered one at `next_offset`."""
+
+
 class RangeReader:
     """Iterate RecordBatches holding exactly the messages of `[start, end)` of one stream."""
 
@@ -126,6 +167,9 @@ class RangeReader:
         self.s = settings
         self.next_offset = start  # the next offset to emit; survives reconnections
         self.rows = 0
+        self.lost: list[tuple[int, int]] = []  # ranges lost to retention or deletion (failOnDataLoss=false)
+        self.subscriptions = 0  # (re)subscriptions made: 1 for a read no broker restart interrupted
+        self.unfiltered_from: int | None = None  # where a filtered read went on unfiltered, if it did
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self.start >= self.end:
@@ -134,10 +178,21 @@ class RangeReader:
         deadline = time.monotonic() + self.s.max_wait_ms / 1000
         reconnects = 0
         while self.next_offset < self.end:
-            client, bridge = self._subscribe_waiting(deadline)
+            try:
+                client, bridge = self._subscribe_waiting(deadline)
+            except StreamNotFoundError:
+                self._lose(self.next_offset, self.end, "the stream was deleted")
+                break
             resumed_at = self.next_offset
             try:
                 yield from self._drain(bridge, builder, deadline)
+            except _Unfiltered:
+                run_sync(self._close(client, bridge, reuse=False), 30)
+                continue
+            except StreamNotFoundError:
+                run_sync(self._close(client, bridge, reuse=False), 30)
+                self._lose(self.next_offset, self.end, "the stream was deleted")
+                break
             except BrokerTimeoutError:
                 # pollTimeoutMs / maxWaitMs: the connection is fine, the data is not there; no retry.
                 run_sync(self._close(client, bridge, reuse=False), 30)
@@ -187,6 +242,17 @@ class RangeReader:
                     if self._nothing_left(idle):
                         self.next_offset = self.end
                         return
+                    if self._filter_silent(idle):
+                        self.unfiltered_from = self.next_offset
+                        log.info(
+                            "filtered read of '%s' silent for %.1f s with chunks left in [%d, %d): "
+                            "reading the rest unfiltered",
+                            self.stream,
+                            idle,
+                            self.next_offset,
+                            self.end,
+                        )
+                        raise _Unfiltered from None
                 if idle > poll_s:
                     raise BrokerTimeoutError(
                         f"no message from '{self.stream}' for pollTimeoutMs={self.s.poll_timeout_ms} ms "
@@ -195,6 +261,9 @@ class RangeReader:
                 continue
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, _Gap):
+                self._gap(item)
+                continue
             last_chunk_at = time.monotonic()
             self._take(item, builder)
             bridge.consumed(item.num_records)
@@ -203,6 +272,25 @@ class RangeReader:
                 if batch is not None:
                     self.rows += batch.num_rows
                     yield batch
+
+    def _gap(self, gap: _Gap) -> None:
+        """Offsets skipped by the broker are lost only if retention removed them: ask for the first offset.
+
+        The first offset only grows, so a first offset at or below the gap's start now proves the
+        gap held only offset-tracking entries or filtered-out chunks when the broker skipped it.
+        """
+        lo, hi = max(self.next_offset, gap.start), min(self.end, gap.end)
+        if hi <= lo:
+            return
+        first = run_sync(AsyncBrokerClient(self.conn, patient=True).first_offset(self.stream), 90)
+        if first > lo:
+            self._lose(lo, min(hi, first), "retention removed them before the read reached them")
+
+    def _lose(self, lo: int, hi: int, why: str) -> None:
+        """Offsets `[lo, hi)` of the range are gone: fail (failOnDataLoss=true) or record and skip them."""
+        report_data_loss(self.s.fail_on_data_loss, lost_message(self.stream, lo, hi, why))
+        self.lost.append((lo, hi))
+        self.next_offset = max(self.next_offset, hi)
 
     def _take(self, chunk: Chunk, builder: BatchBuilder) -> None:
         first = chunk.first_offset
@@ -244,7 +332,11 @@ class RangeReader:
         backoff: Backoff | None = None
         while True:
             try:
-                return run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
+                subscribed = run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
+                self.subscriptions += 1
+                return subscribed
+            except StreamNotFoundError:
+                raise
             except Exception as e:
                 err = as_transient(e, f"subscribe to '{self.stream}'")
                 if err is None:
@@ -259,24 +351,35 @@ class RangeReader:
                 log.debug("subscribe to '%s' failed (%s); retrying in %.2f s", self.stream, err, delay)
                 time.sleep(delay)
 
+    @property
+    def _filtered(self) -> bool:
+        return bool(self.s.filter_values) and self.unfiltered_from is None
+
+    def _tail(self) -> int:
+        aio = AsyncBrokerClient(self.conn, patient=True)
+        return run_sync(aio.tail(self.stream), 90, f"tail of '{self.stream}'")
+
     def _nothing_left(self, idle_s: float) -> bool:
         """True when no user message remains in [next_offset, end): the broker has nothing to send."""
         aio = AsyncBrokerClient(self.conn, patient=True)
-        tail = run_sync(aio.tail(self.stream), 30, f"tail of '{self.stream}'")
+        tail = self._tail()
         if tail <= self.next_offset:
-            stats = run_sync(aio.stats(self.stream), 30)
+            stats = run_sync(aio.stats(self.stream), 90)
             # Every offset below `end` is written (tracking entries included): nothing more can come.
             return stats.committed_chunk_id + 1 >= self.end or tail >= self.end
-        # Filtering: the broker skips chunks without a matching filter value.
-        return bool(self.s.filter_values) and tail >= self.end and idle_s >= _FILTER_IDLE_END_S
+        return False
+
+    def _filter_silent(self, idle_s: float) -> bool:
+        """Filtered, silent this long, user chunks left: go on unfiltered (never end short)."""
+        return self._filtered and idle_s >= _FILTER_IDLE_END_S
 
     async def _subscribe(self, offset: int) -> tuple[RmqsClient, _Bridge]:
         client = await get_pool().acquire(self.conn, "rmqs-reader")
         sub = client.alloc_subscription_id()
-        bridge = _Bridge(client, sub, self.end, self.s.queue_capacity)
+        bridge = _Bridge(client, sub, offset, self.end, self.s.queue_capacity, filtered=self._filtered)
         client.deliver_sinks[sub] = bridge.on_chunk
         props: dict[str, str] = {}
-        if self.s.filter_values:
+        if self._filtered:
             for i, v in enumerate(self.s.filter_values):
                 props[f"filter.{i}"] = v
             props["match-unfiltered"] = "true" if self.s.filter_match_unfiltered else "false"

@@ -52,6 +52,7 @@ def read_settings(opts: SourceOptions) -> ReadSettings:
         filter_match_unfiltered=opts.filter_match_unfiltered,
         post_filter=post,
         strict=opts.strict_decoding,
+        fail_on_data_loss=opts.fail_on_data_loss,
     )
 
 

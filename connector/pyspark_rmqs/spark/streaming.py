@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
 
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.errors import RmqsError, lost_message
 from pyspark_rmqs.options import SourceOptions
 from pyspark_rmqs.planning import (
     Bounds,
@@ -118,7 +118,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             if v < first:
                 report_data_loss(
                     self.opts.fail_on_data_loss,
-                    f"offsets [{v}, {first}) of stream '{s}' were removed by retention before they were read",
+                    lost_message(s, v, first, "retention removed them before they were read"),
                 )
                 out[s] = first
         return out

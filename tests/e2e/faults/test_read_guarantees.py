@@ -1,0 +1,336 @@
+"""Read-side guarantees under real faults, counting every offset of every range.
+
+Retention truncates streams during reads (small segments and a byte-retention policy make it
+deterministic), streams are deleted mid-read, the broker is paused with SIGSTOP for longer than
+the probe timeout, runs fail between the sink and the watermark, and two runs share a consumer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from pyspark_rmqs import jobs
+from pyspark_rmqs.broker.client import PROBE_TIMEOUT_S
+from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.codec import encode
+from pyspark_rmqs.errors import BrokerUnavailableError, DataLossError, WatermarkConflictError
+from pyspark_rmqs.watermarks import store_watermarks, watermarks
+from tests.conftest import StreamFactory
+from tests.support.broker import BrokerSettings
+from tests.support.data import client, conn_of, publish
+
+# 1 KiB messages, 50 KB segments, 400 KB retained: about 50 messages per segment, 8 segments kept.
+RETENTION = {"max-length-bytes": 400_000, "stream-max-segment-size-bytes": 50_000}
+BODY_PAD = b"x" * 990
+
+
+def _publish_chunks(broker: BrokerSettings, stream: str, tag: bytes, n: int, per_chunk: int) -> None:
+    """`n` ~1 KiB messages, one broker chunk per `per_chunk` (each send is flushed on its own)."""
+    with StreamProducer(conn_of(broker), stream, superstream=False, settings=WriteSettings()) as p:
+        for i in range(0, n, per_chunk):
+            p.send([encode(tag + b"%06d" % j + BODY_PAD) for j in range(i, min(n, i + per_chunk))])
+            p.flush()
+
+
+def _offsets(batches: Iterator[Any]) -> list[int]:
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+@pytest.fixture
+def truncating(broker: BrokerSettings, streams: StreamFactory) -> str:
+    """A stream holding offsets [0, 400) in 8 segments, that 1,000 more messages truncate past 1000."""
+    s = streams.stream("ret", arguments=dict(RETENTION))
+    _publish_chunks(broker, s, b"a", 400, 5)
+    assert client(broker).bounds([s])[s] == (0, 400)
+    return s
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_retention_during_a_range_read_is_data_loss_never_a_silent_skip(
+    broker: BrokerSettings, truncating: str, fail: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = truncating
+    reader = RangeReader(
+        conn_of(broker), s, 0, 400, ReadSettings(batch_rows=5, queue_capacity=5, fail_on_data_loss=fail)
+    )
+    it = iter(reader)
+    first = next(it).column("offset").to_pylist()
+    assert first == [0, 1, 2, 3, 4]
+    _publish_chunks(broker, s, b"b", 1000, 50)  # retention now removes every segment of the range
+    first_left, tail = client(broker).bounds([s])[s]
+    assert first_left > 400 and tail == 1400
+    if fail:
+        with pytest.raises(DataLossError) as lost:
+            _offsets(it)
+        text = str(lost.value)
+        # The broker finishes the segment it has open (about 50 messages), then skips to what is left.
+        assert f"of stream '{s}' are lost" in text and ", 400) of stream" in text
+        assert "failOnDataLoss=false" in text
+        return
+    got = first + _offsets(it)
+    read_to = len(got)
+    assert 5 <= read_to < 400
+    assert got == list(range(read_to))  # every offset read is in order, once
+    assert reader.lost == [(read_to, 400)]  # and every other offset of the range is accounted for
+    assert f"offsets [{read_to}, 400) of stream '{s}' are lost" in caplog.text
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_retention_between_planning_and_the_spark_read(
+    spark: Any, broker: BrokerSettings, truncating: str, fail: bool, tmp_path: Any
+) -> None:
+    """A plan made before retention struck reads nothing silently: the executors check the gap."""
+    s = truncating
+    conn = conn_of(broker)
+    plan = jobs.plan_read(conn, stream=s, start="earliest", end="latest", fail_on_data_loss=fail)
+    assert plan.ranges == {s: (0, 400)}
+    _publish_chunks(broker, s, b"b", 1000, 50)
+    out = tmp_path / "out"
+    if fail:
+        with pytest.raises(Exception) as failed:
+            jobs.run_read(spark, conn, plan, jobs.write_output(str(out)), store_watermark=False)
+        # The source's own planning finds it first: offsets [0, first) are gone.
+        assert "DataLossError: offsets [0, " in str(failed.value)
+        assert f"of stream '{s}' are lost" in str(failed.value)
+        return
+    summary = jobs.run_read(spark, conn, plan, jobs.write_output(str(out)), store_watermark=False)
+    assert summary.rows == 0  # every offset of [0, 400) was gone before the executor subscribed
+    assert summary.extra["data_loss"] == {s: [0, 400]}
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_a_stream_deleted_mid_read_follows_fail_on_data_loss(
+    broker: BrokerSettings, streams: StreamFactory, fail: bool
+) -> None:
+    s = streams.stream("del")
+    _publish_chunks(broker, s, b"a", 400, 5)
+    reader = RangeReader(
+        conn_of(broker), s, 0, 400, ReadSettings(batch_rows=5, queue_capacity=5, fail_on_data_loss=fail)
+    )
+    it = iter(reader)
+    first = next(it).column("offset").to_pylist()
+    client(broker).delete_stream(s)
+    if fail:
+        with pytest.raises(DataLossError) as lost:
+            _offsets(it)
+        assert f"of stream '{s}' are lost" in str(lost.value)
+        assert "deleted" in str(lost.value)
+        return
+    got = first + _offsets(it)
+    # What was read is a prefix in order; the rest of the range is reported lost, nothing in between.
+    assert got == list(range(len(got)))
+    assert reader.lost == [(len(got), 400)]
+
+
+def _beam_pids() -> list[int]:
+    pids = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if (p.info["name"] or "").startswith("beam") and "rabbit" in " ".join(p.info["cmdline"] or []):
+            pids.append(p.pid)
+    return pids
+
+
+class _Pauser:
+    """SIGSTOP the broker for `pause_s` every `every_s`, `times` times, in a thread."""
+
+    def __init__(self, pause_s: float, times: int, every_s: float = 0.7) -> None:
+        self.pids = _beam_pids()
+        self.pause_s, self.times, self.every_s = pause_s, times, every_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.pids:
+            os.kill(pid, sig)
+
+    def _run(self) -> None:
+        try:
+            for _ in range(self.times):
+                time.sleep(self.every_s)
+                self._signal(signal.SIGSTOP)
+                try:
+                    time.sleep(self.pause_s)
+                finally:
+                    self._signal(signal.SIGCONT)
+        finally:
+            self.done.set()
+
+    def __enter__(self) -> _Pauser:
+        if not self.pids:
+            pytest.skip("the broker's processes are not on this machine (RMQS_TEST_URI)")
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(timeout=120)
+        self._signal(signal.SIGCONT)
+
+
+def test_a_paused_broker_never_yields_a_guessed_tail(broker: BrokerSettings, streams: StreamFactory) -> None:
+    """Tails asked while the broker is paused past the probe timeout are exact, or the call fails."""
+    s = streams.stream("pause")
+    publish(broker, s, [f"m{i}".encode() for i in range(3000)], batch=100)
+    c = client(broker)
+    c.store_offsets("pause-check", {s: 5})  # a tracking entry after the last chunk: the tail stays 3000
+    assert c.tail(s) == 3000
+    tails = []
+    with _Pauser(pause_s=PROBE_TIMEOUT_S * 2.5, times=3) as pauser:
+        while not pauser.done.is_set():
+            tails.append(c.tail(s))
+    assert len(tails) > 3
+    assert set(tails) == {3000}
+
+
+def test_a_paused_broker_never_shortens_a_filtered_read(
+    broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    """Sparse filter matches spread over the range, the broker paused past the filter idle time."""
+    s = streams.stream("fpause")
+    conn = conn_of(broker)
+    wanted = set()
+    with StreamProducer(conn, s, superstream=False, settings=WriteSettings()) as p:
+        for chunk in range(40):
+            bodies, filters = [], []
+            for j in range(50):
+                o = chunk * 50 + j
+                match = chunk % 4 == 0
+                bodies.append(encode(f"{'hit' if match else 'miss'}{o}".encode()))
+                filters.append("red" if match else "blue")
+                if match:
+                    wanted.add(o)
+            p.send(bodies, filter_values=filters)
+            p.flush()
+    settings = ReadSettings(filter_values=("red",), batch_rows=50, queue_capacity=50, poll_timeout_ms=60_000)
+    reader = RangeReader(conn, s, 0, 2000, settings)
+    got: list[int] = []
+    with _Pauser(pause_s=5.0, times=1, every_s=0.2):
+        for b in reader:
+            got += b.column("offset").to_pylist()
+            time.sleep(0.05)
+    assert wanted <= set(got), f"missing {sorted(wanted - set(got))[:10]}"
+    assert got == sorted(set(got))  # in order, none twice
+
+
+# ----------------------------------------------------------------- the watermark protocol (jobs)
+
+
+def _collecting_sink(store: list[list[int]], fail_first: Any = None) -> Any:
+    def sink(df: Any) -> None:
+        store.append(sorted(r.offset for r in df.select("offset").collect()))
+        if len(store) == 1 and fail_first is not None:
+            fail_first()
+
+    return sink
+
+
+def test_a_retry_reads_the_recorded_plan_even_after_new_data(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    s = streams.stream("plan")
+    conn = conn_of(broker)
+    publish(broker, s, [f"a{i}".encode() for i in range(600)])
+    seen: list[list[int]] = []
+
+    def late_data_then_fail() -> None:
+        publish(broker, s, [f"b{i}".encode() for i in range(100)])
+        raise BrokerUnavailableError("the sink's commit failed (simulated)")
+
+    plan = jobs.plan_read(conn, stream=s, consumer="plan")
+    assert plan.ranges == {s: (0, 600)} and not plan.resumed
+    with pytest.raises(BrokerUnavailableError):
+        jobs.run_read(spark, conn, plan, _collecting_sink(seen, late_data_then_fail))
+    assert watermarks(conn, "plan", stream=s).partitions[0].stored is None
+    retry = jobs.plan_read(conn, stream=s, consumer="plan", max_messages=50)
+    assert retry.resumed and retry.ranges == {s: (0, 600)}  # not [0, 700), and not capped anew
+    jobs.run_read(spark, conn, retry, _collecting_sink(seen))
+    assert seen == [list(range(600)), list(range(600))]
+    nxt = jobs.plan_read(conn, stream=s, consumer="plan")
+    # Offsets 600 and 601 hold the recorded plan (tracking entries); the 100 late messages follow.
+    tail = client(broker).tail(s)
+    assert not nxt.resumed and nxt.ranges == {s: (600, tail)}
+    jobs.run_read(spark, conn, nxt, _collecting_sink(seen))
+    assert seen[-1] == list(range(tail - 100, tail))
+
+
+def test_a_failure_between_the_sink_and_the_store_rereads_the_same_range(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = streams.stream("store")
+    conn = conn_of(broker)
+    publish(broker, s, [f"a{i}".encode() for i in range(300)])
+    seen: list[list[int]] = []
+    plan = jobs.plan_read(conn, stream=s, consumer="st")
+    real = jobs.store_watermarks_checked
+
+    def store_fails(*a: Any, **k: Any) -> None:
+        publish(broker, s, [f"b{i}".encode() for i in range(30)])
+        raise BrokerUnavailableError("connection lost while storing (simulated)")
+
+    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
+    with pytest.raises(BrokerUnavailableError):
+        jobs.run_read(spark, conn, plan, _collecting_sink(seen))
+    monkeypatch.setattr(jobs, "store_watermarks_checked", real)
+    retry = jobs.plan_read(conn, stream=s, consumer="st")
+    assert retry.resumed and retry.ranges == {s: (0, 300)}
+    jobs.run_read(spark, conn, retry, _collecting_sink(seen))
+    assert seen == [list(range(300))] * 2  # at-least-once: the same offsets, once more
+    assert watermarks(conn, "st", stream=s).partitions[0].stored == 299
+
+
+def test_two_runs_on_one_consumer_never_move_the_watermark_back(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    s = streams.stream("conc")
+    conn = conn_of(broker)
+    publish(broker, s, [f"a{i}".encode() for i in range(200)])
+    slow = jobs.plan_read(conn, stream=s, consumer="cc")
+    # A second run starts while the first is still reading: it takes over the same pending range.
+    fast = jobs.plan_read(conn, stream=s, consumer="cc")
+    assert fast.resumed and fast.ranges == slow.ranges == {s: (0, 200)}
+    seen: list[list[int]] = []
+    jobs.run_read(spark, conn, fast, _collecting_sink(seen))
+    publish(broker, s, [f"b{i}".encode() for i in range(100)])
+    tail = client(broker).tail(s)
+    third = jobs.plan_read(conn, stream=s, consumer="cc")
+    jobs.run_read(spark, conn, third, _collecting_sink(seen))
+    assert watermarks(conn, "cc", stream=s).partitions[0].stored == tail - 1
+    with pytest.raises(WatermarkConflictError) as conflict:
+        jobs.run_read(spark, conn, slow, _collecting_sink(seen))
+    text = str(conflict.value)
+    assert "consumer 'cc'" in text and f"'{s}': None -> {tail - 1}" in text
+    assert watermarks(conn, "cc", stream=s).partitions[0].stored == tail - 1  # never moved back to 199
+
+
+def test_a_watermark_moved_by_hand_makes_the_pending_plan_stale(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    s = streams.stream("hand")
+    conn = conn_of(broker)
+    publish(broker, s, [f"a{i}".encode() for i in range(100)])
+    jobs.plan_read(conn, stream=s, consumer="hd")  # recorded [0, 100), never run
+    store_watermarks(conn, "hd", {s: 49})  # an operator resets the watermark
+    plan = jobs.plan_read(conn, stream=s, consumer="hd")
+    assert not plan.resumed and plan.ranges == {s: (50, 100)}
+
+
+def test_backfills_neither_read_nor_touch_the_recorded_plan(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    s = streams.stream("bf")
+    conn = conn_of(broker)
+    publish(broker, s, [f"a{i}".encode() for i in range(100)])
+    live = jobs.plan_read(conn, stream=s, consumer="bf")
+    backfill = jobs.plan_read(conn, stream=s, consumer="bf", start={s: 10}, end={s: 20})
+    assert not backfill.resumed and backfill.ranges == {s: (10, 20)}
+    jobs.run_read(spark, conn, backfill, _collecting_sink([]), store_watermark=False)
+    again = jobs.plan_read(conn, stream=s, consumer="bf")
+    assert again.resumed and again.ranges == live.ranges == {s: (0, 100)}
