@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+from pyspark.errors import PySparkException
 
 from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.client import PROBE_TIMEOUT_S
@@ -334,3 +335,101 @@ def test_backfills_neither_read_nor_touch_the_recorded_plan(
     jobs.run_read(spark, conn, backfill, _collecting_sink([]), store_watermark=False)
     again = jobs.plan_read(conn, stream=s, consumer="bf")
     assert again.resumed and again.ranges == live.ranges == {s: (0, 100)}
+
+
+# ----------------------------------------------------------------------------- streaming reads
+
+
+def _management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
+    import base64
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:15672/api/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+        },
+    )
+    urllib.request.urlopen(req, timeout=10).close()
+
+
+def _drain(spark: Any, broker: BrokerSettings, out: Any, ckpt: Any, **opts: str) -> Any:
+    from tests.support.data import spark_options
+
+    q = (
+        spark.readStream.format("rabbitmq_streams")
+        .options(**spark_options(broker, metadataFields="", **opts))
+        .load()
+        .select("stream", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(180), "AvailableNow query did not finish"
+    return q
+
+
+def _rows(spark: Any, out: Any) -> list[tuple[str, int, bytes]]:
+    return sorted((r.stream, r.offset, bytes(r.value)) for r in spark.read.parquet(str(out)).collect())
+
+
+def test_a_partition_added_to_a_super_stream_between_micro_batches_is_read_from_its_start(
+    spark: Any, broker: BrokerSettings, streams: StreamFactory, tmp_path: Any
+) -> None:
+    if broker.external:
+        pytest.skip("binds a partition through the local broker's management API")
+    name, parts = streams.super_stream(2)
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(50)])
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = _drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
+    assert q.exception() is None, q.exception()
+    added = f"{name}-2"
+    streams._streams.append(added)  # deleted at teardown with the others
+    tb_run_create(broker, added)
+    _management(
+        "POST",
+        f"bindings/%2F/e/{name}/q/{added}",
+        {"routing_key": "2", "arguments": {"x-stream-partition-order": 2}},
+    )
+    assert client(broker).partitions(name) == [*parts, added]
+    publish(broker, added, [f"{added}:{i}".encode() for i in range(30)])
+    q = _drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
+    assert q.exception() is None, q.exception()
+    got = _rows(spark, out)
+    for p, n in ((parts[0], 50), (parts[1], 50), (added, 30)):
+        assert [(o, v) for s, o, v in got if s == p] == [(i, f"{p}:{i}".encode()) for i in range(n)]
+
+
+def tb_run_create(broker: BrokerSettings, stream: str) -> None:
+    from tests.support import broker as tb
+
+    tb.run(tb.create_stream(broker, stream))
+
+
+def test_retention_between_available_now_drains_of_one_checkpoint(
+    spark: Any, broker: BrokerSettings, truncating: str, tmp_path: Any
+) -> None:
+    """The checkpoint says 400; retention removed [400, first) before the next drain: never a silent skip."""
+    s = truncating
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
+    assert q.exception() is None
+    assert [o for _, o, _ in _rows(spark, out)] == list(range(400))
+    _publish_chunks(broker, s, b"b", 1000, 50)
+    first, tail = client(broker).bounds([s])[s]
+    assert first > 400
+    with pytest.raises(PySparkException) as failed:  # Spark wraps the DataLossError; its text is checked
+        _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
+    text = str(failed.value)
+    assert "DataLossError" in text and f"offsets [400, {first}) of stream '{s}' are lost" in text
+    assert [o for _, o, _ in _rows(spark, out)] == list(range(400))  # nothing written by the failed drain
+    q = _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150", failOnDataLoss="false")
+    assert q.exception() is None
+    assert [o for _, o, _ in _rows(spark, out)] == list(range(400)) + list(range(first, tail))
