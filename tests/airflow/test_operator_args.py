@@ -79,3 +79,16 @@ def test_operator_arguments_and_template_fields() -> None:
     assert {"checkpoint_location", "output_path"} <= set(drain.template_fields)
     with pytest.raises(ValueError, match="exactly one of 'input_path' or 'dataframe_callable'"):
         RabbitMQStreamPublishOperator(task_id="p", stream="s")
+
+
+def test_read_and_drain_operators_serialise_runs_per_consumer_by_default() -> None:
+    """Two runs on one consumer name would read one range twice: one task instance at a time unless asked."""
+    read = RabbitMQStreamReadOperator(task_id="r", stream="s", consumer_name="c", output_path="/tmp/x")
+    drain = RabbitMQStreamDrainOperator(
+        task_id="d", stream="s", consumer_name="c", checkpoint_location="/tmp/c", output_path="/tmp/x"
+    )
+    assert read.max_active_tis_per_dag == 1 and drain.max_active_tis_per_dag == 1
+    wider = RabbitMQStreamReadOperator(
+        task_id="w", stream="s", consumer_name="c", output_path="/tmp/x", max_active_tis_per_dag=3
+    )
+    assert wider.max_active_tis_per_dag == 3

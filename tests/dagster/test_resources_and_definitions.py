@@ -209,3 +209,16 @@ def test_reserved_characters_in_a_resource_password_never_show(
     for text in texts:
         for spelling in _spellings(RESERVED_PASSWORD):
             assert spelling not in text, (spelling, text)
+
+
+def test_stream_assets_share_a_concurrency_pool_per_consumer_name() -> None:
+    """Two materializations of one watermark would read one range twice: one pool per consumer name."""
+    from dagster_rmqs.assets import consumer_pool
+
+    a = build_stream_asset("a", stream="s", consumer_name="orders", output_path="/tmp/a")
+    b = build_stream_asset("b", superstream="ss", consumer_name="orders", output_path="/tmp/b")
+    other = build_stream_asset("c", stream="s", consumer_name="audit", output_path="/tmp/c")
+    assert a.op.pool == b.op.pool == consumer_pool("orders") == "rmqs-orders"
+    assert other.op.pool == "rmqs-audit"
+    mine = build_stream_asset("d", stream="s", consumer_name="orders", output_path="/tmp/d", pool="etl")
+    assert mine.op.pool == "etl"

@@ -49,6 +49,7 @@ from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transien
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
+    DataError,
     StreamNotFoundError,
     lost_message,
     report_data_loss,
@@ -301,7 +302,12 @@ class RangeReader:
                 self.next_offset = min(self.end, chunk.next_offset)
             return
         if self.s.filter_values and self.s.post_filter is not None:
-            part = codec.chunk_records(chunk.data, chunk.num_entries)[lo - first : hi - first]
+            try:
+                part = codec.chunk_records(chunk.data, chunk.num_entries)[lo - first : hi - first]
+            except DataError as e:
+                raise DataError(
+                    f"cannot read the chunk at offset {first} of stream '{self.stream}': {e}"
+                ) from e
             self._add_filtered(part, lo, chunk.timestamp, builder)
         else:
             builder.add_chunk(chunk.data, chunk.num_entries, lo - first, hi - lo, lo, chunk.timestamp)
