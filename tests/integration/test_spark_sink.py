@@ -111,19 +111,6 @@ def test_super_stream_key_routing_matches_the_broker(
         assert [r.stream] == c.route(r.routing_key, name)
 
 
-def test_rewrite_with_producer_name_adds_no_duplicates(
-    spark: SparkSession, broker: BrokerSettings, streams
-) -> None:  # type: ignore[no-untyped-def]
-    s = streams.stream()
-    df = spark.range(0, 1000, 1, 2).selectExpr("cast(id as string) as value")
-    write(df, broker, stream=s, producerName="loader")
-    write(df, broker, stream=s, producerName="loader")  # same job again: the broker drops every row
-    values = sorted(
-        int(bytes(r.value)) for r in read_back(spark, broker, stream=s, metadataFields="").collect()
-    )
-    assert values == list(range(1000))
-
-
 @pytest.mark.parametrize(
     ("frame", "opts", "message"),
     [

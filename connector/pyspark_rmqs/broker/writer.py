@@ -37,6 +37,7 @@ from pyspark_rmqs.codec import COMPRESSION_CODES
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     ConfigurationError,
+    DataError,
     PublishError,
     StreamNotFoundError,
 )
@@ -79,9 +80,13 @@ class WriteSettings:
     routing_strategy: str = "hash"
     partitioner_class: str | None = None
     # With a producer name: True continues after the broker's last publishing id (a new batch of
-    # data); False numbers messages 1, 2, ... per stream, so re-sending the same rows under the
-    # same name is deduplicated by the broker (the Spark sink's mode).
+    # data); False numbers messages first_publishing_id, +1, ... per stream, so re-sending the same
+    # rows under the same name is deduplicated by the broker (the Spark sink's mode, whose names
+    # are unique per job or per streaming query: see spark/sink.py).
     resume_sequence: bool = True
+    first_publishing_id: int = 1
+    # Publishing ids must stay below this (exclusive); a streaming epoch owns [e << 32, (e+1) << 32).
+    publishing_id_limit: int | None = None
 
 
 def _compress(codec: int, data: bytes) -> bytes:
@@ -111,6 +116,8 @@ class _Publisher:
         name: str | None,
         resume: bool = True,
         reconnect: Callable[[RmqsClient], Awaitable[RmqsClient]] | None = None,
+        first_id: int = 1,
+        id_limit: int | None = None,
     ) -> None:
         self.client = client
         self.stream = stream
@@ -118,7 +125,8 @@ class _Publisher:
         self.name = name
         self.resume = resume
         self.reconnect = reconnect  # a fresh connection in place of a dead one (None: fail instead)
-        self.next_id = 1
+        self.next_id = first_id
+        self.id_limit = id_limit
         self.in_flight = 0
         self.sent = 0
         self.confirmed = 0
@@ -313,6 +321,7 @@ class _Publisher:
                 frame, count = self._sub_entry_frame(part, s)
             else:
                 frame, count = self._frame(part, fpart)
+            self._check_id_limit()
             self.in_flight += count
             self.sent += len(part)
             self.unconfirmed.append((self.next_id - 1, count, frame))
@@ -322,6 +331,16 @@ class _Publisher:
                 if as_transient(e) is None:
                     raise
                 log.debug("send to '%s' failed: %s", self.stream, e)
+
+    def _check_id_limit(self) -> None:
+        """Publishing ids at or past the limit belong to the next epoch's range: fail instead."""
+        if self.id_limit is not None and self.next_id - 1 >= self.id_limit:
+            raise DataError(
+                f"one task's messages to '{self.stream}' in one streaming epoch exceed 2^32: with "
+                "producerName each epoch numbers its messages in a range of 2^32 publishing ids, and more "
+                "would run into the next epoch's; use smaller micro-batches (maxRecordsPerTrigger) or "
+                "more partitions"
+            )
 
     def _frame(self, part: Sequence[bytes], filters: Sequence[str | None] | None) -> tuple[bytes, int]:
         pid = self.next_id
@@ -483,7 +502,14 @@ class StreamProducer:
             try:
                 client = await get_pool().acquire(self.conn, "rmqs-writer")
                 pub = _Publisher(
-                    client, stream, 0, self.s.producer_name, self.s.resume_sequence, reconnect=self._reconnect
+                    client,
+                    stream,
+                    0,
+                    self.s.producer_name,
+                    self.s.resume_sequence,
+                    reconnect=self._reconnect,
+                    first_id=self.s.first_publishing_id,
+                    id_limit=self.s.publishing_id_limit,
                 )
                 await pub.start()
                 break

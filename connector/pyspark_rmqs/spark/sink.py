@@ -5,16 +5,29 @@ each Arrow batch into messages, route them (super streams) and publish with a bo
 window. `write()` returns only after every confirm arrived, so a task that succeeded has all its
 rows in the broker; Spark's commit then only records what was written.
 
-Deduplication (`producerName`): each task publishes as `producerName-p<partition>-t<attempt>`
-(streaming adds `-e<epoch>`) with publishing ids 1, 2, ... per partition stream in row order, so a
-job or epoch re-run with the same input is dropped by the broker. A retried or speculative task
-attempt has another name: its rows are not deduplicated against the first attempt's. Sub-entry
-batching confirms whole batches, so it does not deduplicate single messages.
+Deduplication (`producerName`) suppresses re-sent messages and never drops new ones. The broker
+keeps, per (stream, producer name), the highest publishing id it stored and drops any message at or
+below it; so each name must belong to one run of one job, and ids must be the same when that run
+re-sends the same rows:
+- batch: `<producerName>-<job token>-p<partition>`, ids 1, 2, ... in row order per partition
+  stream. The token is drawn once per write job on the driver (the writer object is pickled to
+  every task and attempt of the job), so a retried or speculative attempt re-publishes under the
+  same name with the same ids and the broker drops what an earlier attempt stored, while another
+  job (a later run, an Airflow retry) never shares a name with an earlier one;
+- streaming: `<producerName>-<query id>-p<partition>`, ids `(epoch << 32) + 1 + row`, so a
+  replayed epoch (a crash between the sink and the checkpoint commit) is dropped, and a new
+  checkpoint (a new query id) never collides with an old one. Without a query id in the task's
+  local properties, the epoch's writer token stands in: task retries are still deduplicated,
+  replays are not (at-least-once, never a loss).
+Row order must be the same on a re-run: a non-deterministic input (an unordered shuffle, `rand()`,
+a source that does not replay the same rows) voids the deduplication of re-sent rows (still at
+least once). Sub-entry batching numbers whole batches, so it does not deduplicate single messages.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,19 +131,92 @@ class WriteResult(WriterCommitMessage):
     producer_name: str | None = None
 
 
-def _task_identity() -> tuple[int, int, int | None]:
+# The stream protocol's limit on producer references, and the most the sink appends to producerName.
+_REFERENCE_MAX_BYTES = 256
+_NAME_SUFFIX_MAX_BYTES = len("-") + 16 + len("-p") + 10
+_EPOCH_BITS = 32
+_warned_sub_entry = False
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Where a write task runs: its partition and attempt, and for streaming its epoch and query."""
+
+    partition: int = 0
+    attempt: int = 0
+    epoch: int | None = None
+    query_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Dedup:
+    """The producer name and publishing ids one task uses (no name: no deduplication)."""
+
+    name: str | None = None
+    first_id: int = 1
+    id_limit: int | None = None
+
+
+def new_job_token() -> str:
+    """A token unique to one write job (64 random bits: no two jobs' producer names collide)."""
+    return uuid.uuid4().hex[:16]
+
+
+def _task_identity() -> TaskIdentity:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:
-        return 0, 0, None
+        return TaskIdentity()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
-    return ctx.partitionId(), ctx.attemptNumber(), int(batch) if batch is not None else None
+    return TaskIdentity(
+        ctx.partitionId(),
+        ctx.attemptNumber(),
+        int(batch) if batch is not None else None,
+        ctx.getLocalProperty("sql.streaming.queryId"),
+    )
 
 
-def _settings(opts: SinkOptions, name: str | None) -> WriteSettings:
+def dedup_for(producer_name: str | None, job_token: str, task: TaskIdentity) -> Dedup:
+    """The name and ids of one task: stable across its attempts and replays, unique to its job/query.
+
+    The attempt number is never part of the name: a retried attempt must re-publish under the same
+    name with the same ids, or the broker cannot drop what the failed attempt stored.
+    """
+    if not producer_name:
+        return Dedup()
+    if task.epoch is None:
+        return Dedup(f"{producer_name}-{job_token}-p{task.partition}")
+    scope = task.query_id.replace("-", "")[:16] if task.query_id else job_token
+    base = task.epoch << _EPOCH_BITS
+    return Dedup(f"{producer_name}-{scope}-p{task.partition}", base + 1, base + (1 << _EPOCH_BITS))
+
+
+def check_producer_name(opts: SinkOptions) -> None:
+    """Driver side: the derived names must fit a stream-protocol reference; warn where dedup cannot work."""
+    if not opts.producer_name:
+        return
+    size = len(opts.producer_name.encode("utf-8"))
+    if size + _NAME_SUFFIX_MAX_BYTES > _REFERENCE_MAX_BYTES:
+        raise ConfigurationError(
+            f"option 'producerName' is {size} bytes; the sink appends up to {_NAME_SUFFIX_MAX_BYTES} bytes "
+            f"(-<job or query token>-p<partition>) and a producer name may have at most "
+            f"{_REFERENCE_MAX_BYTES}: use at most {_REFERENCE_MAX_BYTES - _NAME_SUFFIX_MAX_BYTES} bytes"
+        )
+    global _warned_sub_entry
+    if opts.sub_entry_size > 1 and not _warned_sub_entry:
+        _warned_sub_entry = True  # Spark builds a streaming writer per epoch: say it once
+        log.warning(
+            "producerName=%s with subEntrySize=%d: a sub-entry batch carries one publishing id for all its "
+            "messages, so deduplication of re-sent messages is not guaranteed (use subEntrySize=1 for it)",
+            opts.producer_name,
+            opts.sub_entry_size,
+        )
+
+
+def _settings(opts: SinkOptions, dedup: Dedup) -> WriteSettings:
     return WriteSettings(
-        producer_name=name,
+        producer_name=dedup.name,
         confirm_timeout_ms=opts.publisher_confirm_timeout_ms,
         max_in_flight=opts.max_in_flight,
         enqueue_timeout_ms=opts.enqueue_timeout_ms,
@@ -140,6 +226,8 @@ def _settings(opts: SinkOptions, name: str | None) -> WriteSettings:
         routing_strategy=opts.routing_strategy,
         partitioner_class=opts.partitioner_class,
         resume_sequence=False,
+        first_publishing_id=dedup.first_id,
+        publishing_id_limit=dedup.id_limit,
     )
 
 
@@ -225,15 +313,15 @@ class _Encoder:
                 )
 
 
-def write_task(opts: SinkOptions, columns: list[str], batches: Iterator[pa.RecordBatch]) -> WriteResult:
+def write_task(
+    opts: SinkOptions, columns: list[str], job_token: str, batches: Iterator[pa.RecordBatch]
+) -> WriteResult:
     """Executor side: publish every row of this task and wait for every confirm."""
-    partition, attempt, epoch = _task_identity()
-    name = None
-    if opts.producer_name:
-        name = f"{opts.producer_name}-p{partition}-t{attempt}" + (f"-e{epoch}" if epoch is not None else "")
+    task = _task_identity()
+    dedup = dedup_for(opts.producer_name, job_token, task)
     encoder = _Encoder(opts, columns)
     producer = StreamProducer(
-        opts.connection, opts.name, superstream=opts.is_super_stream, settings=_settings(opts, name)
+        opts.connection, opts.name, superstream=opts.is_super_stream, settings=_settings(opts, dedup)
     )
     try:
         for batch in batches:
@@ -252,18 +340,20 @@ def write_task(opts: SinkOptions, columns: list[str], batches: Iterator[pa.Recor
         counts = producer.message_counts()
     finally:
         producer.close()
-    return WriteResult(partition, attempt, counts, name)
+    return WriteResult(task.partition, task.attempt, counts, dedup.name)
 
 
 class RabbitMQStreamsWriter(DataSourceArrowWriter):
-    """`df.write.format("rabbitmq_streams")`."""
+    """`df.write.format("rabbitmq_streams")`: built once per write job on the driver."""
 
     def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        check_producer_name(opts)
         self.opts = opts
         self.columns = columns
+        self.job_token = new_job_token()  # pickled with the writer: one per job, shared by every attempt
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return write_task(self.opts, self.columns, iterator)
+        return write_task(self.opts, self.columns, self.job_token, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         total = sum(sum(m.messages.values()) for m in messages if isinstance(m, WriteResult))
@@ -280,15 +370,21 @@ class RabbitMQStreamsWriter(DataSourceArrowWriter):
 
 
 class RabbitMQStreamsStreamWriter(DataSourceStreamArrowWriter):
-    """`df.writeStream.format("rabbitmq_streams")`: commit is idempotent per epoch (batch id)."""
+    """`df.writeStream.format("rabbitmq_streams")`: commit is idempotent per epoch (batch id).
+
+    Spark builds one per epoch; producer names come from the query id (see the module docstring),
+    the token only stands in when a task has no query id.
+    """
 
     def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
+        check_producer_name(opts)
         self.opts = opts
         self.columns = columns
+        self.job_token = new_job_token()
         self._committed: set[int] = set()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return write_task(self.opts, self.columns, iterator)
+        return write_task(self.opts, self.columns, self.job_token, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if batchId in self._committed:
