@@ -1,146 +1,167 @@
-"""`rmqs`: look at streams, lag and offsets, publish sample data, run the local broker and the demo.
+"""`rmqs`: look at streams, lag, offsets and messages; move watermarks; create, delete and publish.
 
-Connection settings come from flags or environment variables (RMQS_URI, RMQS_ENDPOINTS,
-RMQS_USERNAME, RMQS_PASSWORD, RMQS_VHOST); the default is the local broker on localhost:5552.
+Every command that talks to the broker takes the same connection flags (--uri, --endpoints,
+--username, --password, --vhost, --tls, --ca-file, --cert-file, --key-file, --trust-all) or their
+environment variables (RMQS_URI, RMQS_ENDPOINTS, ..., RMQS_TRUST_ALL); the default is the local
+broker on localhost:5552. Exit codes: 0 success, 1 an error, 2 a usage error, 3 lag above --max-lag.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.cli_common import (
+    EXIT_LAG,
+    NO_CHECKOUT,
+    ConnectionFlags,
+    checkout_root,
+    confirm,
+    connected,
+    console,
+    err,
+    fail,
+    print_json,
+    target,
+)
+from pyspark_rmqs.cli_sample import file_records, sample_orders, send_records
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+__all__ = ["app", "main", "sample_orders", "send_records"]
+
+_HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in (__doc__ or "").split("\n\n"))
+app = typer.Typer(add_completion=True, no_args_is_help=True, help=_HELP)
 broker_app = typer.Typer(no_args_is_help=True, help="Install, start and stop the local RabbitMQ 4.0 broker.")
+watermark_app = typer.Typer(no_args_is_help=True, help="Show or move a consumer's watermark (stored offset).")
+stream_app = typer.Typer(no_args_is_help=True, help="Manage streams and super streams.")
 app.add_typer(broker_app, name="broker")
-console = Console()
-err = Console(stderr=True)
+app.add_typer(watermark_app, name="watermark")
+app.add_typer(stream_app, name="stream")
 
-UriOpt = Annotated[
-    str | None, typer.Option("--uri", envvar="RMQS_URI", help="rabbitmq-stream://user:pass@host:port/vhost")
-]
-EndpointsOpt = Annotated[
-    str | None, typer.Option("--endpoints", envvar="RMQS_ENDPOINTS", help="host:port[,host:port]")
-]
-UserOpt = Annotated[str | None, typer.Option("--username", envvar="RMQS_USERNAME")]
-PasswordOpt = Annotated[str | None, typer.Option("--password", envvar="RMQS_PASSWORD", show_default=False)]
-VhostOpt = Annotated[str | None, typer.Option("--vhost", envvar="RMQS_VHOST")]
 StreamOpt = Annotated[str | None, typer.Option("--stream", help="A stream.")]
 SuperOpt = Annotated[str | None, typer.Option("--superstream", help="A super stream (all its partitions).")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON on stdout (shapes in docs/cli.md) instead of a table.")
+]
+ConsumerOpt = Annotated[
+    str, typer.Option("--consumer", help="The consumer name whose stored offset is the watermark.")
+]
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="Do it without asking (needed when stdin is not a terminal).")
+]
 
 
-def connection(
-    uri: str | None, endpoints: str | None, username: str | None, password: str | None, vhost: str | None
-) -> Any:
-    from pyspark_rmqs.options import parse_connection_options
-
-    opts: dict[str, str] = {}
-    if uri:
-        opts["uris"] = uri
-    else:
-        opts["endpoints"] = endpoints or "localhost:5552"
-    for k, v in (("username", username), ("password", password), ("vhost", vhost)):
-        if v is not None:
-            opts[k] = v
-    return parse_connection_options(opts)
+def _version() -> str:
+    try:
+        return version("rmqs")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        return "unknown"
 
 
-def _fail(e: Exception) -> None:
-    err.print(f"[bold red]rmqs:[/] {e}", soft_wrap=True)
-    raise typer.Exit(1)
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rmqs {_version()}")
+        raise typer.Exit(0)
 
 
-def _target(stream: str | None, superstream: str | None) -> dict[str, str]:
-    if (stream is None) == (superstream is None):
-        _fail(ValueError("give exactly one of --stream or --superstream"))
-    return {"superstream": superstream} if superstream else {"stream": str(stream)}
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the rmqs version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
+def _wm(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+# ------------------------------------------------------------------------------------ reading
 
 
 @app.command()
+@connected
 def lag(
-    consumer: Annotated[
-        str, typer.Option("--consumer", help="The consumer name whose stored offset is the watermark.")
-    ],
+    consumer: ConsumerOpt,
     stream: StreamOpt = None,
     superstream: SuperOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    uri: UriOpt = None,
-    endpoints: EndpointsOpt = None,
-    username: UserOpt = None,
-    password: PasswordOpt = None,
-    vhost: VhostOpt = None,
+    max_lag: Annotated[
+        int | None,
+        typer.Option(
+            "--max-lag",
+            min=0,
+            help=f"Exit {EXIT_LAG} when the total lag is above N, 0 at or below it (cron, monitoring).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
 ) -> None:
     """Per partition: first offset, tail, watermark (stored offset) and lag of a consumer."""
     from pyspark_rmqs.watermarks import watermarks
 
-    try:
-        w = watermarks(
-            connection(uri, endpoints, username, password, vhost), consumer, **_target(stream, superstream)
-        )
-    except (RmqsError, OSError) as e:
-        _fail(e)
+    w = watermarks(conn.connect(), consumer, **target(stream, superstream))
+    over = max_lag is not None and w.total_lag > max_lag
     if as_json:
-        print(json.dumps(w.to_dict(), indent=2))
-        return
-    table = Table(title=f"lag of '{consumer}' on {w.target}")
-    for col in ("partition", "first", "tail", "watermark", "lag"):
-        table.add_column(col, justify="left" if col == "partition" else "right")
-    for p in w.partitions:
-        table.add_row(
-            p.stream, str(p.first), str(p.tail), "-" if p.stored is None else str(p.stored), str(p.lag)
-        )
-    table.add_row("[bold]total", "", "", "", f"[bold]{w.total_lag}")
-    console.print(table)
+        print_json({**w.to_dict(), "max_lag": max_lag, "over_max_lag": over})
+    else:
+        table = Table(title=f"lag of '{consumer}' on {w.target}")
+        for col in ("partition", "first", "tail", "watermark", "lag"):
+            table.add_column(col, justify="left" if col == "partition" else "right")
+        for p in w.partitions:
+            table.add_row(p.stream, str(p.first), str(p.tail), _wm(p.stored), str(p.lag))
+        table.add_row("total", "", "", "", str(w.total_lag))
+        console.print(table)
+    if over:
+        err.print(f"rmqs: total lag {w.total_lag} of '{consumer}' on {w.target} is above --max-lag {max_lag}")
+        raise typer.Exit(EXIT_LAG)
 
 
 @app.command()
+@connected
 def offsets(
     stream: StreamOpt = None,
     superstream: SuperOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-    uri: UriOpt = None,
-    endpoints: EndpointsOpt = None,
-    username: UserOpt = None,
-    password: PasswordOpt = None,
-    vhost: VhostOpt = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
 ) -> None:
     """Stream statistics per partition: first and committed chunk ids, first offset, tail."""
     from pyspark_rmqs.broker.client import BrokerClient
 
-    try:
-        client = BrokerClient(connection(uri, endpoints, username, password, vhost))
-        t = _target(stream, superstream)
-        names = client.partitions(t["superstream"]) if "superstream" in t else [t["stream"]]
-        rows = []
-        for s in names:
-            st = client.stats(s)
-            rows.append(
-                {
-                    "stream": s,
-                    "first_chunk_id": st.first_chunk_id,
-                    "committed_chunk_id": st.committed_chunk_id,
-                    "first_offset": st.first_offset,
-                    "tail": client.tail(s),
-                }
-            )
-    except (RmqsError, OSError) as e:
-        _fail(e)
+    client = BrokerClient(conn.connect())
+    t = target(stream, superstream)
+    if "superstream" in t:
+        names = client.partitions(t["superstream"])
+    elif client.stream_exists(t["stream"]):
+        names = [t["stream"]]
+    else:
+        fail(f"stream '{t['stream']}' does not exist")
+    rows = []
+    for s in names:
+        st = client.stats(s)
+        rows.append(
+            {
+                "stream": s,
+                "first_chunk_id": st.first_chunk_id,
+                "committed_chunk_id": st.committed_chunk_id,
+                "first_offset": st.first_offset,
+                "tail": client.tail(s),
+            }
+        )
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return
     table = Table(title="stream offsets")
     for col in rows[0] if rows else ("stream",):
@@ -151,68 +172,240 @@ def offsets(
 
 
 @app.command()
+@connected
+def peek(
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="earliest, latest (the last N messages), an offset or an ISO-8601 datetime (UTC if no zone)"
+            ".",
+        ),
+    ] = "earliest",
+    count: Annotated[
+        int, typer.Option("--count", "-n", min=1, max=10_000, help="At most N messages per partition stream.")
+    ] = 10,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Show messages: stream, offset, chunk timestamp, properties, application properties, body."""
+    from pyspark_rmqs.cli_peek import peek as do_peek
+
+    t = target(stream, superstream)
+    result = do_peek(conn.connect(), start, count, stream=t.get("stream"), superstream=t.get("superstream"))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        for m in result.messages:
+            console.print(
+                f"[bold]{m['stream']}[/] offset [bold]{m['offset']}[/]  chunk {m['chunk_timestamp']}"
+            )
+            if m["properties"]:
+                console.print("  properties: " + ", ".join(f"{k}={v}" for k, v in m["properties"].items()))
+            if m["application_properties"]:
+                shown = ", ".join(f"{k}={v}" for k, v in m["application_properties"].items())
+                console.print(f"  application properties: {shown}")
+            label = "body" if m["body_encoding"] == "utf-8" else "body (hex)"
+            console.print(f"  {label}: {m['body']}", markup=False, highlight=False)
+    for note in result.notes:
+        err.print(f"rmqs: {note}", markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------------------------- watermarks
+
+
+@watermark_app.command("show")
+@connected
+def watermark_show(
+    consumer: ConsumerOpt,
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Per partition: the watermark, where the next run starts, lag, and any pending run plan."""
+    from pyspark_rmqs.cli_watermark import show
+
+    data = show(conn.connect(), consumer, **target(stream, superstream))
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=f"watermark of '{consumer}' on {data['target']}")
+    for col in ("partition", "first", "tail", "watermark", "next", "lag", "pending plan"):
+        table.add_column(col, justify="left" if col in ("partition", "pending plan") else "right")
+    for p in data["partitions"]:
+        plan = p["pending_plan"]
+        table.add_row(
+            p["stream"],
+            str(p["first"]),
+            str(p["tail"]),
+            _wm(p["watermark"]),
+            str(p["next_offset"]),
+            str(p["lag"]),
+            f"[{plan['start']}, {plan['end']})" if plan else "-",
+        )
+    table.add_row("total", "", "", "", "", str(data["total_lag"]), "")
+    console.print(table)
+    if any(p["pending_plan"] for p in data["partitions"]):
+        console.print("A pending plan is a run that planned but did not finish: its retry reads exactly it.")
+
+
+@watermark_app.command("set")
+@connected
+def watermark_set(
+    consumer: ConsumerOpt,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="Where the next run starts: earliest, latest, an offset, an ISO-8601 datetime "
+            '(UTC if no zone) or offsets JSON like {"orders-0": 1200} (only the partitions named).',
+        ),
+    ],
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the current and new watermark per partition; change nothing."),
+    ] = False,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Move a consumer's watermark (backwards too, shown as such); the watermark is start - 1."""
+    from pyspark_rmqs.cli_watermark import apply_move, plan_move
+
+    c = conn.connect()
+    move = plan_move(c, consumer, to, **target(stream, superstream))
+    changed = move.changed
+    if not as_json:
+        _print_move(move, dry_run)
+    if dry_run or not changed:
+        if as_json:
+            print_json(move.to_dict(dry_run=dry_run, applied=False))
+        elif dry_run:
+            console.print("dry run: nothing was changed")
+        else:
+            console.print("nothing to change")
+        return
+    back = f" ({len(move.backwards)} partition(s) BACKWARDS: their messages will be read again)"
+    confirm(
+        f"Move the watermark of '{consumer}' on {len(changed)} partition(s) of {move.target}"
+        f"{back if move.backwards else ''}?",
+        yes,
+    )
+    apply_move(c, move)
+    if as_json:
+        print_json(move.to_dict(dry_run=False, applied=True))
+    else:
+        console.print(f"watermark of '{consumer}' moved on {len(changed)} partition(s) of {move.target}")
+
+
+def _print_move(move: Any, dry_run: bool) -> None:
+    title = f"{'dry run: ' if dry_run else ''}watermark of '{move.consumer}' on {move.target} -> {move.to}"
+    table = Table(title=title)
+    for col in ("partition", "watermark", "new", "change", "lag", "lag after", "note"):
+        table.add_column(col, justify="left" if col in ("partition", "change", "note") else "right")
+    for p in move.partitions:
+        change = p.change.upper() if p.change == "backward" else p.change
+        notes = [p.note] if p.note else []
+        if p.pending_plan and p.change != "unchanged":
+            notes.append(f"pending plan [{p.pending_plan[0]}, {p.pending_plan[1]}) dropped")
+        table.add_row(
+            p.stream,
+            _wm(p.current),
+            _wm(p.new),
+            change,
+            str(p.lag_before),
+            str(p.lag_after),
+            "; ".join(notes),
+        )
+    before = sum(p.lag_before for p in move.partitions)
+    after = sum(p.lag_after for p in move.partitions)
+    table.add_row("total", "", "", "", str(before), str(after), "")
+    console.print(table)
+
+
+# ------------------------------------------------------------------------------------ writing
+
+
+@app.command()
+@connected
 def create(
     stream: StreamOpt = None,
     superstream: SuperOpt = None,
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of a super stream.")] = 3,
-    uri: UriOpt = None,
-    endpoints: EndpointsOpt = None,
-    username: UserOpt = None,
-    password: PasswordOpt = None,
-    vhost: VhostOpt = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
 ) -> None:
     """Create a stream, or a super stream with N partitions (nothing happens if it exists)."""
     from pyspark_rmqs.broker.client import BrokerClient
 
-    try:
-        client = BrokerClient(connection(uri, endpoints, username, password, vhost))
-        t = _target(stream, superstream)
-        if "superstream" in t:
-            client.create_super_stream(t["superstream"], partitions)
-            console.print(
-                f"super stream [bold]{superstream}[/]: {', '.join(client.partitions(t['superstream']))}"
-            )
-        else:
-            client.create_stream(t["stream"])
-            console.print(f"stream [bold]{stream}[/] ready")
-    except (RmqsError, OSError) as e:
-        _fail(e)
-
-
-REGIONS = ("eu", "us", "apac")
-PRODUCTS = ("keyboard", "monitor", "laptop", "mouse", "headset", "dock")
-
-
-def sample_orders(count: int, seed: int = 7) -> Iterator[dict[str, Any]]:
-    """Deterministic sample order events (the demo's data)."""
-    rnd = random.Random(seed)
-    for i in range(count):
-        customer = f"c{rnd.randrange(5000):04d}"
-        yield {
-            "order_id": f"o-{i:07d}",
-            "customer": customer,
-            "product": rnd.choice(PRODUCTS),
-            "quantity": rnd.randint(1, 5),
-            "amount": round(rnd.uniform(5, 900), 2),
-            "currency": "EUR",
-            "region": rnd.choice(REGIONS),
-        }
-
-
-def _file_records(path: Path) -> Iterator[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches():
-            yield from batch.to_pylist()
+    client = BrokerClient(conn.connect())
+    t = target(stream, superstream)
+    if "superstream" in t:
+        client.create_super_stream(t["superstream"], partitions)
+        parts = client.partitions(t["superstream"])
     else:
-        with path.open() as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        client.create_stream(t["stream"])
+        parts = [t["stream"]]
+    name = t.get("superstream") or t["stream"]
+    if as_json:
+        print_json({"target": name, "superstream": "superstream" in t, "partitions": parts})
+    elif "superstream" in t:
+        console.print(f"super stream {name}: {', '.join(parts)}")
+    else:
+        console.print(f"stream {name} ready")
+
+
+@stream_app.command("delete")
+@connected
+def stream_delete(
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Delete a stream, or a super stream with all its partitions (asks first; --yes skips asking)."""
+    from pyspark_rmqs.broker.client import BrokerClient
+    from pyspark_rmqs.errors import StreamNotFoundError
+
+    client = BrokerClient(conn.connect())
+    t = target(stream, superstream)
+    name = t.get("superstream") or t["stream"]
+    if "superstream" in t:
+        parts = client.partitions(name)
+    elif client.stream_exists(name):
+        parts = [name]
+    else:
+        raise StreamNotFoundError(f"stream '{name}' does not exist")
+    messages = sum(client.tail(p) - client.first_offset(p) for p in parts)
+    what = (
+        f"super stream '{name}' and its partitions {', '.join(parts)}"
+        if "superstream" in t
+        else f"stream '{name}'"
+    )
+    confirm(f"Delete {what} (about {messages} messages)? This cannot be undone.", yes)
+    if "superstream" in t:
+        client.delete_super_stream(name)
+    else:
+        client.delete_stream(name)
+    if as_json:
+        print_json({"target": name, "superstream": "superstream" in t, "deleted": parts})
+    else:
+        console.print(f"deleted {what}")
 
 
 @app.command()
+@connected
 def publish(
     stream: StreamOpt = None,
     superstream: SuperOpt = None,
@@ -223,85 +416,61 @@ def publish(
     key: Annotated[
         str, typer.Option("--key", help="Field used as routing key for a super stream.")
     ] = "customer",
-    uri: UriOpt = None,
-    endpoints: EndpointsOpt = None,
-    username: UserOpt = None,
-    password: PasswordOpt = None,
-    vhost: VhostOpt = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
 ) -> None:
     """Publish sample order events (or a file's records) as JSON messages with properties."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 
-    t = _target(stream, superstream)
-    records = _file_records(file) if file else sample_orders(count)
+    t = target(stream, superstream)
+    records = file_records(file) if file else sample_orders(count)
     total = None if file else count
-    try:
-        conn = connection(uri, endpoints, username, password, vhost)
-        target = t.get("superstream") or t["stream"]
-        start = time.monotonic()
-        sent = 0
-        with (
-            StreamProducer(
-                conn, target, superstream="superstream" in t, settings=WriteSettings()
-            ) as producer,
-            Progress(
-                TextColumn("publishing to [bold]{task.fields[target]}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} msg/s"),
-                TimeElapsedColumn(),
-                console=err,
-            ) as progress,
-        ):
-            task = progress.add_task("publish", total=total, target=target, rate="-")
-            batch: list[dict[str, Any]] = []
-            for rec in records:
-                batch.append(rec)
-                if len(batch) >= 5000:
-                    sent += _send(producer, batch, key)
-                    batch = []
-                    progress.update(task, completed=sent, rate=f"{sent / (time.monotonic() - start):,.0f}")
-            if batch:
-                sent += _send(producer, batch, key)
-            producer.flush()
-            progress.update(task, completed=sent, rate=f"{sent / (time.monotonic() - start):,.0f}")
-        secs = time.monotonic() - start
-        console.print(
-            f"published {sent:,} messages to [bold]{target}[/] in {secs:.1f} s ({sent / secs:,.0f} msg/s)"
-        )
-    except (RmqsError, OSError) as e:
-        _fail(e)
+    c = conn.connect()
+    name = t.get("superstream") or t["stream"]
+    started = time.monotonic()
+    sent = 0
+    with (
+        StreamProducer(c, name, superstream="superstream" in t, settings=WriteSettings()) as producer,
+        Progress(
+            TextColumn("publishing to [bold]{task.fields[target]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} msg/s"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=as_json,
+        ) as progress,
+    ):
+        task = progress.add_task("publish", total=total, target=name, rate="-")
+        batch: list[dict[str, Any]] = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) >= 5000:
+                sent += send_records(producer, batch, key)
+                batch = []
+                progress.update(task, completed=sent, rate=f"{sent / (time.monotonic() - started):,.0f}")
+        if batch:
+            sent += send_records(producer, batch, key)
+        producer.flush()
+        progress.update(task, completed=sent, rate=f"{sent / (time.monotonic() - started):,.0f}")
+    secs = max(time.monotonic() - started, 1e-6)
+    if as_json:
+        print_json({"target": name, "published": sent, "seconds": round(secs, 3), "rate": round(sent / secs)})
+    else:
+        console.print(f"published {sent:,} messages to {name} in {secs:.1f} s ({sent / secs:,.0f} msg/s)")
 
 
-def _send(producer: Any, batch: list[dict[str, Any]], key: str) -> int:
-    from pyspark_rmqs.codec import encode
-
-    now = datetime.now(UTC)
-    msgs = []
-    keys = []
-    for rec in batch:
-        k = str(rec.get(key, ""))
-        props = {
-            "message_id": str(rec.get("order_id") or uuid.uuid4()),
-            "content_type": "application/json",
-            "creation_time": now,
-        }
-        app_props = {"region": str(rec.get("region", "")), "routing_key": k}
-        msgs.append(encode(json.dumps(rec, default=str).encode(), props, app_props))
-        keys.append(k)
-    producer.send(msgs, keys if producer.superstream else None)
-    return len(msgs)
+# ----------------------------------------------------------------------------- broker and demo
 
 
 def _broker_script() -> Path:
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "scripts" / "broker.sh", here.parent / "_broker.sh"):
-        if candidate.exists():
-            return candidate
-    _fail(FileNotFoundError("scripts/broker.sh not found (run from a checkout of the rmqs repository)"))
-    raise AssertionError
+    root = checkout_root()
+    if root is None:
+        fail(f"rmqs broker: {NO_CHECKOUT}")
+    return root / "scripts" / "broker.sh"
 
 
 def _broker(action: str) -> None:
@@ -330,11 +499,23 @@ def broker_status() -> None:
 
 
 @app.command()
-def demo() -> None:
-    """Run the end-to-end demo (what `make demo` runs once the environment is set up)."""
-    from pyspark_rmqs.demo import run_demo
-
-    raise typer.Exit(run_demo())
+def demo(
+    uri: Annotated[
+        str | None,
+        typer.Option(
+            "--uri", envvar="RMQS_URI", show_default=False, help="Broker URI (default: the local broker)."
+        ),
+    ] = None,
+) -> None:
+    """Run the end-to-end demo from a checkout (what `make demo` runs once the environment is set up)."""
+    root = checkout_root()
+    if root is None or not (root / "dags").is_dir():
+        fail(f"rmqs demo: {NO_CHECKOUT}")
+    env = dict(os.environ)
+    if uri:
+        env["RMQS_URI"] = uri
+    # The demo runs in its own process: demo uses the CLI's pieces, never the reverse.
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "pyspark_rmqs.demo"], cwd=root, env=env))
 
 
 def main() -> None:

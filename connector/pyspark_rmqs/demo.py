@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from pyspark_rmqs.watermarks import Watermarks
@@ -43,25 +44,40 @@ def _done(t0: float, what: str) -> None:
     console.print(f"[green]✓[/] {what} ({time.monotonic() - t0:.1f} s)")
 
 
-def _run(cmd: list[str], env: dict[str, str], show: tuple[str, ...] = ()) -> None:
-    """Run a command, echoing the lines that show progress; on failure, print its tail and stop."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        tail = [*tail[-40:], line.rstrip()]
-        if any(s in line for s in show):
-            console.print(f"  [dim]{line.strip()[:160]}[/]")
-    if proc.wait() != 0:
-        console.print("\n".join(tail))
-        raise SystemExit(f"demo: '{' '.join(cmd[:4])} ...' failed (exit {proc.returncode})")
+def _run(cmd: list[str], env: dict[str, str], log: Path, what: str) -> None:
+    """Run a command with all its output (Airflow and Dagster log at DEBUG) appended to `log`.
+
+    The terminal gets one progress line; on failure, the last lines of the log (whole lines) and
+    the log's path, then the demo stops.
+    """
+    console.print(f"  {what} [dim](output in {_shown(log)})[/]")
+    with log.open("a") as f:
+        f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-30:]
+        console.print("\n".join(tail), markup=False, highlight=False, soft_wrap=True)
+        raise SystemExit(f"demo: '{' '.join(cmd[:4])} ...' failed (exit {rc}); the whole output is in {log}")
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def run_demo(root: Path | None = None) -> int:
-    root = root or Path.cwd()
+    from pyspark_rmqs.cli_common import NO_CHECKOUT, checkout_root
+
+    root = root or checkout_root()
+    if root is None or not (root / "dags").is_dir():
+        console.print(f"[bold red]rmqs demo:[/] {NO_CHECKOUT}", soft_wrap=True)
+        return 1
     started = time.monotonic()
     from pyspark_rmqs.broker.client import BrokerClient
-    from pyspark_rmqs.cli import _send, sample_orders
+    from pyspark_rmqs.cli_sample import sample_orders, send_records
     from pyspark_rmqs.options import parse_connection_options
     from pyspark_rmqs.watermarks import watermarks
 
@@ -82,10 +98,16 @@ def run_demo(root: Path | None = None) -> int:
 
     offset = sum(p.tail for p in before[AIRFLOW_CONSUMER].partitions)
     events = list(sample_orders(MESSAGES + offset))[offset:]
-    with StreamProducer(conn, SUPERSTREAM, superstream=True, settings=WriteSettings()) as producer:
+    with (
+        StreamProducer(conn, SUPERSTREAM, superstream=True, settings=WriteSettings()) as producer,
+        Progress(
+            TextColumn("  publishing"), BarColumn(), MofNCompleteColumn(), console=console, transient=True
+        ) as progress,
+    ):
+        task = progress.add_task("publish", total=len(events))
         for i in range(0, len(events), 10_000):
-            _send(producer, events[i : i + 10_000], "customer")
-            console.print(f"  [dim]{min(i + 10_000, len(events)):,} / {len(events):,}[/]")
+            send_records(producer, events[i : i + 10_000], "customer")
+            progress.update(task, completed=min(i + 10_000, len(events)))
         producer.flush()
     _done(t0, f"published {len(events):,} messages ({len(events) / (time.monotonic() - t0):,.0f} msg/s)")
 
@@ -108,16 +130,20 @@ def run_demo(root: Path | None = None) -> int:
         }
     )
     (demo_home / "dagster").mkdir(parents=True, exist_ok=True)
+    log = demo_home / "demo.log"
+    log.write_text(f"rmqs demo {time.strftime('%Y-%m-%d %H:%M:%S')}: Airflow and Dagster output\n")
 
     t0 = _step("Airflow: airflow dags test rmqs_ingest")
     airflow = str(venv_bin / "airflow")
     if not (demo_home / "airflow" / "airflow.db").exists():
-        console.print("  [dim]first run: creating the Airflow metadata database (SQLite)[/]")
-        _run([airflow, "db", "migrate"], env)
+        _run(
+            [airflow, "db", "migrate"], env, log, "first run: creating the Airflow metadata database (SQLite)"
+        )
     _run(
         [airflow, "dags", "test", "rmqs_ingest"],
         env,
-        show=("rmqs run on", "Marking task as", "state=", "lag"),
+        log,
+        "running the DAG: wait for data, read, store watermark",
     )
     _done(t0, "rmqs_ingest finished")
 
@@ -127,16 +153,17 @@ def run_demo(root: Path | None = None) -> int:
     _run(
         [dagster, "asset", "materialize", "-m", "dagster_rmqs.examples.definitions", "--select", "orders"],
         env,
-        show=("RUN_SUCCESS", "ASSET_MATERIALIZATION", "STEP_SUCCESS"),
+        log,
+        "materializing: read what is new, write Parquet, store watermark",
     )
     _done(t0, "orders materialized")
 
-    _summary(conn, before, root)
+    _summary(conn, before, root, log)
     console.print(f"\n[bold green]demo finished in {time.monotonic() - started:.0f} s[/]")
     return 0
 
 
-def _summary(conn: Any, before: Mapping[str, Watermarks], root: Path) -> None:
+def _summary(conn: Any, before: Mapping[str, Watermarks], root: Path, log: Path) -> None:
     from pyspark_rmqs.watermarks import watermarks
 
     console.rule("[bold cyan]summary")
@@ -158,11 +185,16 @@ def _summary(conn: Any, before: Mapping[str, Watermarks], root: Path) -> None:
             table.add_row(p1.stream, f"[{start}, {end})", f"{rows:,}", str(p1.tail), str(p1.lag))
         table.add_row("[bold]total", "", f"[bold]{total:,}", "", f"[bold]{now.total_lag}")
         console.print(table)
-    console.print(
-        "\nNext: [bold].venv/bin/rmqs lag --superstream orders --consumer rmqs-demo-ingest[/]   "
-        "[bold].venv/bin/rmqs publish --superstream orders --count 5000[/] then [bold]make demo[/] again   "
-        "[bold]make test[/]   docs in docs/ ([bold]make docs[/])"
-    )
+    console.print(f"\nAirflow and Dagster output (debug logs included): [bold]{_shown(log)}[/]")
+    console.print("Next:")
+    for line in (
+        ".venv/bin/rmqs lag --superstream orders --consumer rmqs-demo-ingest",
+        ".venv/bin/rmqs peek --superstream orders --from latest --count 2",
+        ".venv/bin/rmqs watermark show --superstream orders --consumer rmqs-demo-ingest",
+        ".venv/bin/rmqs publish --superstream orders --count 5000   (then make demo again)",
+        "make test   make docs   (the CLI reference is docs/cli.md)",
+    ):
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _rows(out: Path, stream: str, start: int, end: int) -> int:

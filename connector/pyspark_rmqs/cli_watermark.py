@@ -1,0 +1,262 @@
+"""`rmqs watermark show|set`: look at and move a consumer's watermark, plan first, then apply.
+
+A move is computed completely before anything is stored (`plan_move`), so `--dry-run` shows
+exactly what `set` would do. Where the next run starts comes from the readers' own resolver
+(`jobs.plan_read` with `persist=False`, which records nothing); the new watermark is that start
+minus one (broker-stored offsets are last processed, DESIGN §6). Applying (`apply_move`) fails when
+the watermark changed since it was shown, then clears the recorded plan at the new position (so an
+old pending plan can never come back to life), then stores the new watermark.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
+
+TO_FORMS = (
+    "earliest, latest, an offset (e.g. 1200), an ISO-8601 datetime or offsets JSON like "
+    "'{\"orders-0\": 1200}'"
+)
+
+
+@dataclass(frozen=True)
+class PartitionMove:
+    """One partition stream: the watermark now and after the move (None: nothing stored)."""
+
+    stream: str
+    first: int
+    tail: int
+    current: int | None
+    new: int | None
+    pending_plan: tuple[int, int] | None = None
+    note: str = ""
+
+    @staticmethod
+    def _next(first: int, stored: int | None) -> int:
+        return first if stored is None else max(stored + 1, first)
+
+    @property
+    def lag_before(self) -> int:
+        return max(0, self.tail - self._next(self.first, self.current))
+
+    @property
+    def lag_after(self) -> int:
+        return max(0, self.tail - self._next(self.first, self.new))
+
+    @property
+    def change(self) -> str:
+        if self.new == self.current:
+            return "unchanged"
+        if self.current is None or (self.new is not None and self.new > self.current):
+            return "forward"
+        return "backward"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "first": self.first,
+            "tail": self.tail,
+            "current": self.current,
+            "new": self.new,
+            "change": self.change,
+            "lag_before": self.lag_before,
+            "lag_after": self.lag_after,
+            "pending_plan": _plan_dict(self.pending_plan),
+            "note": self.note or None,
+        }
+
+
+@dataclass(frozen=True)
+class Move:
+    target: str
+    superstream: bool
+    consumer: str
+    to: str
+    partitions: tuple[PartitionMove, ...]
+
+    @property
+    def changed(self) -> dict[str, int]:
+        return {p.stream: p.new for p in self.partitions if p.change != "unchanged" and p.new is not None}
+
+    @property
+    def backwards(self) -> list[str]:
+        return [p.stream for p in self.partitions if p.change == "backward"]
+
+    def to_dict(self, *, dry_run: bool, applied: bool) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "superstream": self.superstream,
+            "consumer": self.consumer,
+            "to": self.to,
+            "dry_run": dry_run,
+            "applied": applied,
+            "total_lag_before": sum(p.lag_before for p in self.partitions),
+            "total_lag_after": sum(p.lag_after for p in self.partitions),
+            "partitions": [p.to_dict() for p in self.partitions],
+        }
+
+
+def _plan_dict(plan: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if plan is None else {"start": plan[0], "end": plan[1]}
+
+
+def parse_to(text: str, partitions: list[str]) -> tuple[Any, set[str]]:
+    """`--to` as a reader position and the partition streams it moves (JSON names only its own)."""
+    from pyspark_rmqs import offsets as off
+
+    value = text.strip()
+    if value in ("earliest", "latest"):
+        return value, set(partitions)
+    if re.fullmatch(r"\d+", value):
+        n = int(value)
+        return {p: n for p in partitions}, set(partitions)
+    if value.startswith("{"):
+        given = off.offsets_from_json(value, "--to")
+        unknown = sorted(set(given) - set(partitions))
+        if unknown:
+            raise ConfigurationError(
+                f"--to names {', '.join(repr(u) for u in unknown)}, not a partition stream of the target "
+                f"(its partition streams: {', '.join(partitions)})"
+            )
+        return dict(given), set(given)
+    when = parse_datetime(value)
+    if when is None:
+        raise ConfigurationError(f"--to must be {TO_FORMS}; got {text!r}")
+    return when, set(partitions)
+
+
+def parse_datetime(text: str) -> datetime | None:
+    """An ISO-8601 datetime ('Z' accepted; without a time zone it is UTC), or None."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def plan_move(
+    conn: Any, consumer: str, to: str, *, stream: str | None = None, superstream: str | None = None
+) -> Move:
+    """Everything `watermark set` would change, computed from the broker now; stores nothing."""
+    from pyspark_rmqs import jobs
+    from pyspark_rmqs import offsets as off
+    from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
+
+    plan_names(consumer)  # fails early on a name too long for the plan's companion names
+    w = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    parts = {p.stream: p for p in w.partitions}
+    position, moved = parse_to(to, list(parts))
+    notes: dict[str, str] = {}
+    if isinstance(position, Mapping):  # explicit offsets: kept within [first, tail] here, said so
+        clamped: dict[str, int] = {}
+        for s, v in position.items():
+            p = parts[s]
+            if v in (off.EARLIEST, off.LATEST):
+                clamped[s] = v
+            elif v < p.first:
+                clamped[s] = p.first
+                notes[s] = f"offset {v} is before the first offset {p.first} (retention): starts at {p.first}"
+            elif v > p.tail:
+                clamped[s] = p.tail
+                notes[s] = f"offset {v} is past the tail {p.tail}: starts at the tail"
+            else:
+                clamped[s] = v
+        position = clamped
+    plan = jobs.plan_read(
+        conn,
+        stream=stream,
+        superstream=superstream,
+        consumer=consumer,
+        start=position,
+        end="latest",
+        persist=False,
+        fail_on_data_loss=False,
+    )
+    pending = pending_plan(conn, w)
+    out: list[PartitionMove] = []
+    impossible: list[str] = []
+    for p in w.partitions:
+        new: int | None = p.stored
+        note = notes.get(p.stream, "")
+        if p.stream in moved:
+            start = min(plan.start[p.stream], p.tail)
+            new = start - 1
+            if new < 0:
+                if p.stored is None:
+                    new = None
+                    note = note or "no watermark stored: a run starts at the first offset already"
+                else:
+                    impossible.append(p.stream)
+        out.append(PartitionMove(p.stream, p.first, p.tail, p.stored, new, pending.get(p.stream), note))
+    if impossible:
+        raise ConfigurationError(
+            f"cannot move the watermark of '{consumer}' before offset 0 on {', '.join(impossible)}: RabbitMQ "
+            "cannot remove a stored offset, so the lowest watermark is 0 (the next run starts at offset 1). "
+            "To read a stream again from its very first message, use a new consumer name"
+        )
+    return Move(w.target, w.superstream, consumer, to, tuple(out))
+
+
+def apply_move(conn: Any, move: Move) -> None:
+    """Store the move: fail if the watermark changed since `move` was planned; clear the plan; store."""
+    from pyspark_rmqs.broker.client import AsyncBrokerClient
+    from pyspark_rmqs.broker.loop import run_sync
+    from pyspark_rmqs.watermarks import plan_names
+
+    changed = move.changed
+    if not changed:
+        return
+    seen = {p.stream: p.current for p in move.partitions}
+    start_name, end_name = plan_names(move.consumer)
+
+    async def store() -> None:
+        client = AsyncBrokerClient(conn)
+        now = await client.stored_offsets(move.consumer, list(changed))
+        moved = {s: (seen[s], now[s]) for s in changed if now[s] != seen[s]}
+        if moved:
+            where = ", ".join(f"'{s}': {a} -> {b}" for s, (a, b) in sorted(moved.items()))
+            raise WatermarkConflictError(
+                f"the watermark of consumer '{move.consumer}' changed since it was read ({where}): a run "
+                "is storing it. Nothing was changed; stop the pipelines of this consumer and try again"
+            )
+        # An empty plan at the new position first (start = end = new + 1): a plan recorded before
+        # can no longer be taken for pending, even if its start happens to be new + 1.
+        await client.store_offsets(start_name, {s: o + 1 for s, o in changed.items()})
+        await client.store_offsets(end_name, {s: o + 1 for s, o in changed.items()})
+        await client.store_offsets(move.consumer, changed)
+
+    run_sync(store(), 120, "set watermark")
+
+
+def show(
+    conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
+) -> dict[str, Any]:
+    """`watermark show` as data: per partition the watermark, lag and any pending plan."""
+    from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
+
+    plan_names(consumer)
+    w = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    pending = pending_plan(conn, w)
+    return {
+        "target": w.target,
+        "superstream": w.superstream,
+        "consumer": consumer,
+        "total_lag": w.total_lag,
+        "partitions": [
+            {
+                "stream": p.stream,
+                "first": p.first,
+                "tail": p.tail,
+                "watermark": p.stored,
+                "next_offset": p.next_offset,
+                "lag": p.lag,
+                "pending_plan": _plan_dict(pending.get(p.stream)),
+            }
+            for p in w.partitions
+        ],
+    }
