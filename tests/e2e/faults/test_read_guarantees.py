@@ -177,17 +177,30 @@ class _Pauser:
 
 
 def test_a_paused_broker_never_yields_a_guessed_tail(broker: BrokerSettings, streams: StreamFactory) -> None:
-    """Tails asked while the broker is paused past the probe timeout are exact, or the call fails."""
+    """Tails asked of a starved broker (paused 2 s, running 5 ms, in turn) are exact, or the call fails.
+
+    A broker that gets a few milliseconds at a time answers a subscription and delivers its chunk
+    seconds apart: longer than the probe timeout. A guess (the first chunk id) would show up as 0.
+    """
     s = streams.stream("pause")
     publish(broker, s, [f"m{i}".encode() for i in range(3000)], batch=100)
     c = client(broker)
     c.store_offsets("pause-check", {s: 5})  # a tracking entry after the last chunk: the tail stays 3000
     assert c.tail(s) == 3000
-    tails = []
-    with _Pauser(pause_s=PROBE_TIMEOUT_S * 2.5, times=3) as pauser:
+    tails: list[int] = []
+
+    def ask() -> None:
+        own = client(broker)
         while not pauser.done.is_set():
-            tails.append(c.tail(s))
-    assert len(tails) > 3
+            tails.append(own.tail(s))
+
+    with _Pauser(pause_s=PROBE_TIMEOUT_S + 0.5, times=8, every_s=0.005) as pauser:
+        askers = [threading.Thread(target=ask) for _ in range(3)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join(timeout=300)
+    assert len(tails) > 8
     assert set(tails) == {3000}
 
 
