@@ -183,16 +183,23 @@ def test_a_paused_broker_never_yields_a_guessed_tail(broker: BrokerSettings, str
     seconds apart: longer than the probe timeout. A guess (the first chunk id) would show up as 0.
     """
     s = streams.stream("pause")
-    publish(broker, s, [f"m{i}".encode() for i in range(3000)], batch=100)
+    publish(broker, s, [f"m{i}".encode() for i in range(1500)], batch=100)
+    time.sleep(0.05)
+    middle_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish(broker, s, [f"n{i}".encode() for i in range(1500)], batch=100)
     c = client(broker)
     c.store_offsets("pause-check", {s: 5})  # a tracking entry after the last chunk: the tail stays 3000
     assert c.tail(s) == 3000
+    assert c.offset_for_timestamp(s, middle_ms) == 1500
     tails: list[int] = []
+    at_middle: list[int] = []
 
     def ask() -> None:
         own = client(broker)
         while not pauser.done.is_set():
             tails.append(own.tail(s))
+            at_middle.append(own.offset_for_timestamp(s, middle_ms))
 
     with _Pauser(pause_s=PROBE_TIMEOUT_S + 0.5, times=8, every_s=0.005) as pauser:
         askers = [threading.Thread(target=ask) for _ in range(3)]
@@ -202,6 +209,7 @@ def test_a_paused_broker_never_yields_a_guessed_tail(broker: BrokerSettings, str
             t.join(timeout=300)
     assert len(tails) > 8
     assert set(tails) == {3000}
+    assert set(at_middle) == {1500}  # the timestamp probe never falls back to the tail either
 
 
 def test_a_paused_broker_never_shortens_a_filtered_read(
