@@ -1,15 +1,17 @@
 """`RabbitMQStreamHook`: an Airflow connection -> rmqs connection options, plus watermark calls.
 
-Everything here is metadata over the stream protocol (`pyspark_rmqs.watermarks`): no message is
-consumed and pyspark is never imported, so triggers and sensors can use it in the triggerer.
+The watermark calls are metadata over the stream protocol (`pyspark_rmqs.watermarks`): no message
+is consumed. pyspark is never imported and pyarrow only by `read_batches`, so triggers and sensors
+can use the hook in the triggerer. Tasks without Spark also get stream management (`create_stream`,
+`delete_stream`, `create_super_stream`, `delete_super_stream`), `publish` and `read_batches`.
 The password lives in a `SecretStr` inside `ConnectionOptions`; only `spark_options()` reveals
 it, for handing to Spark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
@@ -24,6 +26,9 @@ from pyspark_rmqs.options import (
 )
 from pyspark_rmqs.redact import secrets_in
 from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks, watermarks
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CONN_TYPE = "rabbitmq_stream"
 _PREFIX = f"extra__{CONN_TYPE}__"
@@ -176,6 +181,71 @@ class RabbitMQStreamHook(BaseHook):
     def store(self, consumer: str, last_offsets: Mapping[str, int]) -> None:
         """Store `consumer`'s watermarks (last processed offset per stream): only after a sink succeeded."""
         store_watermarks(self.get_conn(), consumer, last_offsets)
+
+    # ------------------------------------------------------------------ streams and messages (sync)
+
+    def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Create a stream (`arguments` such as `max-length-bytes`); an existing one is left as it is."""
+        BrokerClient(self.get_conn()).create_stream(stream, arguments)
+
+    def delete_stream(self, stream: str) -> None:
+        """Delete a stream and its messages; a missing one is not an error."""
+        BrokerClient(self.get_conn()).delete_stream(stream)
+
+    def create_super_stream(
+        self, superstream: str, partitions: int, arguments: Mapping[str, Any] | None = None
+    ) -> None:
+        """Create a super stream with partitions `<name>-0` .. `<name>-(N-1)` (binding keys "0".."N-1")."""
+        BrokerClient(self.get_conn()).create_super_stream(superstream, partitions, arguments)
+
+    def delete_super_stream(self, superstream: str) -> None:
+        """Delete a super stream and its partition streams; a missing one is not an error."""
+        BrokerClient(self.get_conn()).delete_super_stream(superstream)
+
+    def publish(
+        self,
+        messages: Iterable[Any],
+        *,
+        stream: str | None = None,
+        superstream: str | None = None,
+        producer_name: str | None = None,
+        routing_strategy: str = "hash",
+    ) -> dict[str, int]:
+        """Publish `bytes` / `str` / dict messages (see `pyspark_rmqs.produce`) and wait for every confirm.
+
+        Returns the messages published per partition stream.
+        """
+        from pyspark_rmqs import produce
+        from pyspark_rmqs.broker.writer import WriteSettings
+
+        settings = WriteSettings(producer_name=producer_name, routing_strategy=routing_strategy)
+        return produce.publish(
+            self.get_conn(), messages, stream=stream, superstream=superstream, settings=settings
+        )
+
+    def read_batches(
+        self,
+        stream: str,
+        start: int,
+        end: int,
+        *,
+        metadata_fields: Iterable[str] = (),
+        queue_capacity: int = 10_000,
+        fail_on_data_loss: bool = True,
+    ) -> Iterator[pa.RecordBatch]:
+        """Offsets `[start, end)` of one (partition) stream as Arrow RecordBatches of the source schema.
+
+        Memory is bounded by `queue_capacity`; the watermark is not touched (see
+        `RabbitMQStreamConsumeOperator` for reads that advance it).
+        """
+        from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+
+        settings = ReadSettings(
+            metadata_fields=tuple(metadata_fields),
+            queue_capacity=queue_capacity,
+            fail_on_data_loss=fail_on_data_loss,
+        )
+        yield from RangeReader(self.get_conn(), stream, start, end, settings)
 
     # ------------------------------------------------------------------ watermarks (async)
 

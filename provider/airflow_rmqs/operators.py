@@ -1,18 +1,29 @@
-"""Operators: bounded read, AvailableNow drain and publish, each a thin wrapper over `pyspark_rmqs.jobs`.
+"""Operators: thin wrappers over `pyspark_rmqs.jobs` (Spark) and `consume` / `produce` (plain Python).
 
 The watermark protocol (DESIGN §4) lives in `jobs`: the read range is fixed before reading, the
 sink runs, and only after it succeeded are the watermarks stored. These operators render
 templates, resolve the connection, pick a SparkSession and map errors to Airflow's retry rules;
 their return value (XCom) is `RunSummary.to_dict()` and never holds connection details.
+
+With Spark: `RabbitMQStreamReadOperator`, `RabbitMQStreamDrainOperator`,
+`RabbitMQStreamPublishOperator` (need the `rmqs[spark]` extra on the worker; `spark_conn_id` names a
+connection holding a Spark Connect URL and token). Without Spark (no JVM, no pyspark):
+`RabbitMQStreamConsumeOperator` (Arrow batches to a callable or Parquet files) and
+`RabbitMQStreamProduceOperator` (messages yielded by a callable). Every operator reports
+OpenLineage datasets and a run facet with its offset ranges (`airflow_rmqs.lineage`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import time
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rmqs import values
 from airflow_rmqs.failures import airflow_failures
@@ -24,14 +35,70 @@ from pyspark_rmqs.options import ConnectionOptions
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+SPARK_EXTRA = "rmqs[spark]"
 
-class _SparkOperator(BaseOperator):
-    """Connection and SparkSession plumbing shared by the operators.
 
-    :param spark_master: master of the local session (default `local[2]`); ignored with `spark_remote`.
-    :param spark_conf: extra Spark configuration for the session.
-    :param spark_remote: a Spark Connect URL (`sc://host:15002`) to run on a cluster instead.
+def require_pyspark(operator: str) -> None:
+    """Fail the task at once, naming the extra, where pyspark is not installed."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise AirflowFailException(
+            f"{operator} runs Spark, but pyspark is not installed on this worker: install "
+            f"'{SPARK_EXTRA}' (or '{SPARK_EXTRA[:-1]},connect]' for Spark Connect), or use "
+            "RabbitMQStreamConsumeOperator / RabbitMQStreamProduceOperator, which need no Spark"
+        )
+
+
+def resolve_callable(value: Callable[..., Any] | str, param: str) -> Callable[..., Any]:
+    """A callable, or a dotted path `package.module.function` to one (as the Kafka provider takes)."""
+    if callable(value):
+        return value
+    if not isinstance(value, str) or "." not in value:
+        raise AirflowFailException(
+            f"{param} must be a callable or a dotted path 'module.function'; got {value!r}"
+        )
+    module, _, name = value.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise AirflowFailException(f"{param} {value!r} cannot be imported: {e}") from e
+    if not callable(found):
+        raise AirflowFailException(f"{param} {value!r} is not callable")
+    return found
+
+
+def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
+    """(Spark Connect URL, master) from an Airflow connection; the URL holds the token.
+
+    Host `sc://host` or `host` (port default 15002) with the token in Password (or extra `token`),
+    extra `use_ssl` / `user_id` -> `sc://host:15002/;use_ssl=true;token=...`. A host that is a
+    Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`) starts a local driver on it instead.
     """
+    extra = conn.extra_dejson if conn.extra else {}
+    host = (conn.host or "").strip()
+    if not host:
+        raise AirflowFailException(f"Spark connection '{conn.conn_id}' has no host")
+    if host.startswith(("local", "spark://", "yarn", "k8s://", "mesos://")):
+        return None, host if not conn.port or "://" not in host else f"{host}:{conn.port}"
+    base = host[len("sc://") :] if host.startswith("sc://") else host
+    base = base.rstrip("/")
+    if ":" not in base.split("/")[0]:
+        base = f"{base}:{conn.port or 15002}"
+    params = []
+    token = conn.password or extra.get("token")
+    if str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"):
+        params.append("use_ssl=true")
+    if extra.get("user_id"):
+        params.append(f"user_id={extra['user_id']}")
+    if token:
+        params.append(f"token={token}")
+    return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None
+
+
+class _StreamOperator(BaseOperator):
+    """A stream or super stream on an rmqs connection; lineage of what the run read or wrote."""
+
+    _operation = "read"
+    _summary: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -39,10 +106,6 @@ class _SparkOperator(BaseOperator):
         stream: str | None = None,
         superstream: str | None = None,
         rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
-        spark_master: str | None = None,
-        spark_conf: Mapping[str, str] | None = None,
-        spark_remote: str | None = None,
-        spark_app_name: str = "rmqs",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -50,10 +113,6 @@ class _SparkOperator(BaseOperator):
         self.stream = stream
         self.superstream = superstream
         self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
-        self.spark_master = spark_master
-        self.spark_conf = dict(spark_conf or {})
-        self.spark_remote = spark_remote
-        self.spark_app_name = spark_app_name
 
     def _target(self) -> dict[str, str | None]:
         return {
@@ -66,11 +125,114 @@ class _SparkOperator(BaseOperator):
         with airflow_failures():
             return RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn()
 
+    # ------------------------------------------------------------------ lineage
+
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        """(input paths, output paths) of the run, besides the stream."""
+        return [], []
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Inputs and outputs as OpenLineage datasets, the offset ranges and rows as a run facet."""
+        from airflow_rmqs import lineage
+
+        name = values.optional_str(self.superstream) or str(values.optional_str(self.stream))
+        stream = lineage.stream_dataset(self.connection(), name)
+        in_paths, out_paths = self._lineage_paths()
+        inputs = [lineage.path_dataset(p) for p in in_paths]
+        outputs = [lineage.path_dataset(p) for p in out_paths]
+        if self._operation == "read":
+            inputs.insert(0, stream)
+        else:
+            outputs.insert(0, stream)
+        return lineage.operator_lineage(inputs, outputs, self._operation, self._summary)
+
+
+class _SparkOperator(_StreamOperator):
+    """Connection and SparkSession plumbing shared by the Spark operators (the `rmqs[spark]` extra).
+
+    :param spark_conn_id: an Airflow connection holding the Spark Connect URL and token (Host
+        `sc://host`, Port 15002, token in Password, extra `use_ssl`), or a master URL in Host
+        (`local[4]`, `spark://...`). Keeps the token out of DAG code; it is masked in task logs.
+    :param spark_master: master of the local session (default `local[2]`); ignored with a remote.
+    :param spark_conf: extra Spark configuration for the session.
+    :param spark_remote: a Spark Connect URL (`sc://host:15002`); prefer `spark_conn_id`, which
+        keeps a token out of DAG code.
+
+    `on_kill` (a task marked failed or timed out) interrupts this run's Spark jobs, locally and
+    over Spark Connect, and stops a running streaming query.
+    """
+
+    def __init__(
+        self,
+        *,
+        spark_conn_id: str | None = None,
+        spark_master: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        spark_remote: str | None = None,
+        spark_app_name: str = "rmqs",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if spark_conn_id and spark_remote:
+            raise ValueError("give 'spark_conn_id' or 'spark_remote', not both")
+        self.spark_conn_id = spark_conn_id
+        self.spark_master = spark_master
+        self.spark_conf = dict(spark_conf or {})
+        self.spark_remote = spark_remote
+        self.spark_app_name = spark_app_name
+        self._spark: Any = None
+        self._job_tag: str | None = None
+        self._query: Any = None
+
+    def _remote_and_master(self) -> tuple[str | None, str | None]:
+        if not self.spark_conn_id:
+            return self.spark_remote, self.spark_master
+        from airflow.sdk import BaseHook
+        from airflow.sdk.log import mask_secret
+
+        conn = BaseHook.get_connection(self.spark_conn_id)
+        remote, master = spark_connect_url(conn)
+        for secret in (conn.password, (conn.extra_dejson if conn.extra else {}).get("token"), remote):
+            if secret:
+                mask_secret(secret)
+        return remote, master or self.spark_master
+
     def spark_session(self) -> SparkSession:
-        """A local session (reusing the process's active one) or a Spark Connect session."""
-        return jobs.spark_session(
-            master=self.spark_master, conf=self.spark_conf, remote=self.spark_remote, app=self.spark_app_name
+        """A local session (reusing the process's active one) or a Spark Connect session.
+
+        The session carries a job tag for this task try, so `on_kill` interrupts only its jobs.
+        """
+        require_pyspark(type(self).__name__)
+        remote, master = self._remote_and_master()
+        spark = jobs.spark_session(
+            master=master, conf=self.spark_conf, remote=remote, app=self.spark_app_name
         )
+        self._job_tag = f"rmqs-{self.task_id}-{uuid.uuid4().hex[:8]}".replace(".", "-")
+        spark.addTag(self._job_tag)
+        self._spark = spark
+        return spark
+
+    def _untag(self) -> None:
+        if self._spark is not None and self._job_tag is not None:
+            try:
+                self._spark.removeTag(self._job_tag)
+            except Exception:
+                self.log.debug("removing the job tag failed", exc_info=True)
+
+    def on_kill(self) -> None:
+        """Stop this run's streaming query and interrupt its Spark jobs (local or Spark Connect)."""
+        if self._query is not None:
+            try:
+                self._query.stop()
+                self.log.info("rmqs: stopped the streaming query %s", self._query.id)
+            except Exception:
+                self.log.warning("rmqs: stopping the streaming query failed", exc_info=True)
+        if self._spark is not None and self._job_tag is not None:
+            try:
+                interrupted = self._spark.interruptTag(self._job_tag)
+                self.log.info("rmqs: interrupted Spark operations %s (tag %s)", interrupted, self._job_tag)
+            except Exception:
+                self.log.warning("rmqs: interrupting the Spark jobs failed", exc_info=True)
 
 
 class RabbitMQStreamReadOperator(_SparkOperator):
@@ -158,7 +320,11 @@ class RabbitMQStreamReadOperator(_SparkOperator):
             self.output_partition_by,
         )
 
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        return [], [str(self.output_path)] if self.output_path else []
+
     def execute(self, context: Any) -> dict[str, Any]:
+        require_pyspark(type(self).__name__)
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
             plan = jobs.plan_read(
@@ -178,15 +344,19 @@ class RabbitMQStreamReadOperator(_SparkOperator):
                 plan.ranges or "(nothing new)",
                 " (the pending plan of a failed try)" if plan.resumed else "",
             )
-            summary = jobs.run_read(
-                self.spark_session(),
-                conn,
-                plan,
-                self._sink(context),
-                store_watermark=self.store_watermark,
-                metadata_fields=self.metadata_fields,
-            )
-        return summary.to_dict()
+            try:
+                summary = jobs.run_read(
+                    self.spark_session(),
+                    conn,
+                    plan,
+                    self._sink(context),
+                    store_watermark=self.store_watermark,
+                    metadata_fields=self.metadata_fields,
+                )
+            finally:
+                self._untag()
+        self._summary = summary.to_dict()
+        return self._summary
 
 
 class RabbitMQStreamDrainOperator(_SparkOperator):
@@ -233,7 +403,20 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
         self.source_options = source_options
         self.timeout = timeout
 
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        return [], [str(self.output_path)]
+
+    def on_kill(self) -> None:
+        """Stop the drain's streaming query (the session's active queries), then interrupt its jobs."""
+        if self._spark is not None:
+            for q in list(self._spark.streams.active):
+                self._query = q
+                super().on_kill()
+        self._query = None
+        super().on_kill()
+
     def execute(self, context: Any) -> dict[str, Any]:
+        require_pyspark(type(self).__name__)
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
             summary = jobs.run_drain(
@@ -248,7 +431,9 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
                 source_options=values.options(self.source_options, "source_options"),
                 timeout_s=float(self.timeout),
             )
-        return summary.to_dict()
+            self._untag()
+        self._summary = summary.to_dict()
+        return self._summary
 
 
 class RabbitMQStreamPublishOperator(_SparkOperator):
@@ -298,7 +483,13 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
         opts = values.options(self.input_options, "input_options")
         return spark.read.format(self.input_format).options(**opts).load(self.input_path)
 
+    _operation = "write"
+
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        return [str(self.input_path)] if self.input_path else [], []
+
     def execute(self, context: Any) -> dict[str, Any]:
+        require_pyspark(type(self).__name__)
         conn = self.connection()
         target = {k: v for k, v in self._target().items() if v is not None}
         t0 = time.monotonic()
@@ -310,14 +501,17 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
                     f"the dataset to publish needs a 'value' column (binary or string); it has {df.columns}"
                 )
             df, observation = jobs._observe(df)
-            (
-                df.write.format("rabbitmq_streams")
-                .options(**conn.to_options())
-                .options(**target)
-                .options(**values.options(self.sink_options, "sink_options"))
-                .mode("append")
-                .save()
-            )
+            try:
+                (
+                    df.write.format("rabbitmq_streams")
+                    .options(**conn.to_options())
+                    .options(**target)
+                    .options(**values.options(self.sink_options, "sink_options"))
+                    .mode("append")
+                    .save()
+                )
+            finally:
+                self._untag()
         counts = jobs._observed(observation)
         summary = {
             "target": next(iter(target.values())),
@@ -326,4 +520,211 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
             "seconds": round(time.monotonic() - t0, 3),
         }
         self.log.info("rmqs: published %s", summary)
+        self._summary = summary
         return summary
+
+
+# ------------------------------------------------------------------------------- without Spark
+
+
+class RabbitMQStreamConsumeOperator(_StreamOperator):
+    """A bounded read without Spark: Arrow batches to `apply_function`, or Parquet files to `output_path`.
+
+    The same range and watermark protocol as `RabbitMQStreamReadOperator` (start at the watermark,
+    end at the tails when the task starts, a persisted plan re-read exactly by a retry, watermarks
+    stored only after the sink succeeded), read by rmqs's own reader in the worker process: no JVM,
+    no pyspark, memory bounded by `queueCapacity` whatever the range.
+
+    :param apply_function: a callable or a dotted path (`my_pkg.sink.handle`) called with every
+        `pyarrow.RecordBatch` of the source schema (`value`, `stream`, `offset`, `chunk_timestamp`
+        and the `metadata_fields`), then `*apply_function_args, **apply_function_kwargs`.
+    :param output_path: instead, a directory (or `s3://...` URI pyarrow can write): one Parquet file
+        per partition stream and run, `<stream>-<start>-<end>.parquet`, written under a temporary
+        name and renamed when complete; a retry of the same range replaces it.
+    :param source_options: reader options: `queueCapacity`, `initialCredits`, `pollTimeoutMs`,
+        `maxWaitMs`, `filterValues`, `filterMatchUnfiltered`, `strictDecoding`.
+    The other parameters are the read operator's.
+    """
+
+    template_fields: Sequence[str] = (
+        "stream",
+        "superstream",
+        "consumer_name",
+        "start",
+        "end",
+        "starting_offsets",
+        "max_messages",
+        "output_path",
+        "apply_function_args",
+        "apply_function_kwargs",
+        "source_options",
+    )
+    template_fields_renderers = {"start": "json", "end": "json", "source_options": "json"}
+
+    def __init__(
+        self,
+        *,
+        consumer_name: str | None = None,
+        start: Any = "watermark",
+        end: Any = "latest",
+        starting_offsets: str = "earliest",
+        max_messages: int | str | None = None,
+        apply_function: Callable[..., Any] | str | None = None,
+        apply_function_args: Sequence[Any] | None = None,
+        apply_function_kwargs: Mapping[str, Any] | None = None,
+        output_path: str | None = None,
+        store_watermark: bool = True,
+        fail_on_data_loss: bool = True,
+        metadata_fields: str | None = None,
+        source_options: Mapping[str, str] | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("max_active_tis_per_dag", 1)  # one run per consumer name at a time
+        super().__init__(**kwargs)
+        if (output_path is None) == (apply_function is None):
+            raise ValueError("give exactly one of 'output_path' or 'apply_function'")
+        if start == "watermark" and not consumer_name:
+            raise ValueError("start='watermark' needs a consumer_name (its stored offset is the watermark)")
+        self.consumer_name = consumer_name
+        self.start = start
+        self.end = end
+        self.starting_offsets = starting_offsets
+        self.max_messages = max_messages
+        self.apply_function = apply_function
+        self.apply_function_args = apply_function_args
+        self.apply_function_kwargs = apply_function_kwargs
+        self.output_path = output_path
+        self.store_watermark = store_watermark
+        self.fail_on_data_loss = fail_on_data_loss
+        self.metadata_fields = metadata_fields
+        self.source_options = source_options
+
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        return [], [str(self.output_path)] if self.output_path else []
+
+    def _sink(self) -> Any:
+        from pyspark_rmqs import consume
+
+        if self.output_path is not None:
+            return consume.ParquetSink(str(self.output_path))
+        fn = resolve_callable(self.apply_function, "apply_function")  # type: ignore[arg-type]
+        return consume.FunctionSink(
+            fn, *(self.apply_function_args or ()), **(self.apply_function_kwargs or {})
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark_rmqs import consume
+
+        conn = self.connection()
+        with airflow_failures(secret_values(conn)):
+            plan = jobs.plan_read(
+                conn,
+                **self._target(),
+                consumer=values.optional_str(self.consumer_name),
+                start=values.position(self.start, "start", "watermark"),
+                end=values.position(self.end, "end", "latest"),
+                max_messages=values.optional_int(self.max_messages, "max_messages"),
+                starting_offsets=str(self.starting_offsets).strip().lower(),
+                fail_on_data_loss=self.fail_on_data_loss,
+                persist=self.store_watermark,
+            )
+            self.log.info(
+                "rmqs: consuming '%s' ranges %s%s",
+                plan.target,
+                plan.ranges or "(nothing new)",
+                " (the pending plan of a failed try)" if plan.resumed else "",
+            )
+            summary = consume.run_consume(
+                conn,
+                plan,
+                self._sink(),
+                store_watermark=self.store_watermark,
+                metadata_fields=self.metadata_fields,
+                source_options=values.options(self.source_options, "source_options"),
+            )
+        self._summary = summary.to_dict()
+        return self._summary
+
+
+class RabbitMQStreamProduceOperator(_StreamOperator):
+    """Publishes the messages `producer_function` yields, with confirms, without Spark.
+
+    :param producer_function: a callable or a dotted path, called with `*producer_function_args,
+        **producer_function_kwargs`; it returns or yields messages: `bytes`, `str` (UTF-8), or a
+        dict with `value` and optional `routing_key` (required for a super stream, routed by
+        `routing_strategy`), `properties`, `application_properties`, `message_annotations`.
+    :param producer_name: the broker-side producer name (deduplication of re-sent messages within
+        the publisher's sequence; a later run continues after the last stored publishing id).
+    :param routing_strategy: `hash` (default, as the Java and Go clients), `key` (the super stream's
+        bindings) or `custom` with `partitioner_class`.
+    Returns `{"target", "messages": {partition stream: count}, "rows", "seconds"}` once every
+    message is confirmed.
+    """
+
+    _operation = "write"
+    template_fields: Sequence[str] = (
+        "stream",
+        "superstream",
+        "producer_function_args",
+        "producer_function_kwargs",
+        "producer_name",
+    )
+
+    def __init__(
+        self,
+        *,
+        producer_function: Callable[..., Iterable[Any]] | str,
+        producer_function_args: Sequence[Any] | None = None,
+        producer_function_kwargs: Mapping[str, Any] | None = None,
+        producer_name: str | None = None,
+        routing_strategy: str = "hash",
+        partitioner_class: str | None = None,
+        compression: str = "none",
+        batch_size: int = 500,
+        confirm_timeout_ms: int = 30_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.producer_function = producer_function
+        self.producer_function_args = producer_function_args
+        self.producer_function_kwargs = producer_function_kwargs
+        self.producer_name = producer_name
+        self.routing_strategy = routing_strategy
+        self.partitioner_class = partitioner_class
+        self.compression = compression
+        self.batch_size = batch_size
+        self.confirm_timeout_ms = confirm_timeout_ms
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark_rmqs import produce
+        from pyspark_rmqs.broker.writer import WriteSettings
+
+        conn = self.connection()
+        fn = resolve_callable(self.producer_function, "producer_function")
+        t0 = time.monotonic()
+        with airflow_failures(secret_values(conn)):
+            settings = WriteSettings(
+                producer_name=values.optional_str(self.producer_name),
+                routing_strategy=self.routing_strategy,
+                partitioner_class=self.partitioner_class,
+                compression=self.compression,
+                batch_size=int(self.batch_size),
+                confirm_timeout_ms=int(self.confirm_timeout_ms),
+            )
+            messages = fn(*(self.producer_function_args or ()), **(self.producer_function_kwargs or {}))
+            counts = produce.publish(
+                conn,
+                messages or (),
+                stream=values.optional_str(self.stream),
+                superstream=values.optional_str(self.superstream),
+                settings=settings,
+            )
+        target = values.optional_str(self.superstream) or str(values.optional_str(self.stream))
+        self._summary = {
+            "target": target,
+            "messages": counts,
+            "rows": sum(counts.values()),
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+        self.log.info("rmqs: produced %s", self._summary)
+        return self._summary

@@ -1,0 +1,237 @@
+"""Bounded reads without Spark: the watermark protocol (DESIGN §4) over Arrow batches.
+
+`jobs.plan_read` fixes `[start, end)` per partition stream (and records a watermark run's plan in
+the broker); `run_consume` reads exactly that range with `RangeReader`, one partition stream after
+the other, hands each `pyarrow.RecordBatch` (the source schema) to a sink, and only after every
+range reached the sink stores the new watermarks (`store_watermarks_checked`: never backwards).
+A failure anywhere leaves the watermark alone and the plan pending: a retry reads the same rows.
+
+Memory is bounded by `queueCapacity` and one batch, whatever the range: batches stream from the
+reader to the sink and are never collected. Sinks:
+- `FunctionSink(fn)`: `fn(batch)` for every batch (the Airflow operator's `apply_function`);
+- `ParquetSink(output_path)`: one Parquet file per partition stream and range, named
+  `<stream>-<start>-<end>.parquet`, written under a temporary name and renamed once complete, so a
+  retry of the same range replaces the file instead of adding a duplicate.
+
+Used by the Spark-free Airflow operator and by Dagster's `engine="arrow"`; imports no pyspark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pyspark_rmqs.batches import BatchBuilder
+from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary
+from pyspark_rmqs.options import ConnectionOptions, parse_source_options
+from pyspark_rmqs.watermarks import store_watermarks_checked, watermarks, watermarks_after
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+# Source options that mean something to a Spark-free bounded read (the rest plan or split Spark jobs).
+READ_OPTIONS = (
+    "metadataFields",
+    "queueCapacity",
+    "initialCredits",
+    "pollTimeoutMs",
+    "maxWaitMs",
+    "filterValues",
+    "filterMatchUnfiltered",
+    "strictDecoding",
+)
+
+
+@runtime_checkable
+class RangeSink(Protocol):
+    """Receives the batches of one partition stream's range at a time."""
+
+    def open(self, stream: str, start: int, end: int, schema: pa.Schema) -> None: ...
+
+    def write(self, batch: pa.RecordBatch) -> None: ...
+
+    def close(self) -> None:
+        """The range is complete: make it visible (a file is renamed into place)."""
+
+    def abort(self) -> None:
+        """The range failed: leave nothing half-written behind."""
+
+
+class FunctionSink:
+    """Calls `fn(batch, *args, **kwargs)` for every batch (empty ranges call nothing)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    def open(self, stream: str, start: int, end: int, schema: pa.Schema) -> None:
+        pass
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.fn(batch, *self.args, **self.kwargs)
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def range_file_name(stream: str, start: int, end: int) -> str:
+    """`<stream>-<start>-<end>.parquet`: the same range always has the same name."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stream)
+    return f"{safe}-{start}-{end}.parquet"
+
+
+class ParquetSink:
+    """One Parquet file per partition stream and range under `output_path` (a directory or URI).
+
+    Each file is written as `.<name>.<uuid>.tmp` and renamed when its range is complete; a retry
+    of the range overwrites the same name. `outputs` lists the files written.
+    """
+
+    def __init__(self, output_path: str, *, compression: str = "snappy") -> None:
+        from pyarrow import fs
+
+        if "://" not in output_path:
+            import os
+
+            output_path = os.path.abspath(output_path)
+        self.fs, self.base = fs.FileSystem.from_uri(output_path)
+        self.uri = output_path
+        self.compression = compression
+        self.outputs: list[str] = []
+        self._writer: Any = None
+        self._tmp = self._final = ""
+
+    def open(self, stream: str, start: int, end: int, schema: pa.Schema) -> None:
+        import pyarrow.parquet as pq
+
+        self.fs.create_dir(self.base, recursive=True)
+        name = range_file_name(stream, start, end)
+        self._final = f"{self.base.rstrip('/')}/{name}"
+        self._tmp = f"{self.base.rstrip('/')}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        self._writer = pq.ParquetWriter(self._tmp, schema, filesystem=self.fs, compression=self.compression)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)
+
+    def close(self) -> None:
+        self._writer.close()
+        self._writer = None
+        self.fs.move(self._tmp, self._final)
+        self.outputs.append(self._final)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:
+                log.debug("closing the aborted Parquet writer failed", exc_info=True)
+            self._writer = None
+        try:
+            self.fs.delete_file(self._tmp)
+        except Exception:
+            log.debug("removing %s failed", self._tmp, exc_info=True)
+
+
+def read_settings(
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    *,
+    metadata_fields: str | None = None,
+    source_options: Mapping[str, str] | None = None,
+) -> ReadSettings:
+    """Reader settings from source options, parsed and checked as Spark's source parses them."""
+    opts = dict(source_options or {})
+    unknown = sorted(k for k in opts if k.lower() not in {o.lower() for o in READ_OPTIONS})
+    if unknown:
+        raise ConfigurationError(
+            f"source option(s) {unknown} do not apply to a Spark-free read; valid: {', '.join(READ_OPTIONS)}"
+        )
+    if metadata_fields is not None:
+        opts["metadataFields"] = metadata_fields
+    parsed = parse_source_options(
+        {**conn.to_options(), ("superstream" if plan.superstream else "stream"): plan.target, **opts},
+        streaming=False,
+    )
+    return ReadSettings(
+        metadata_fields=parsed.metadata_fields,
+        initial_credits=parsed.initial_credits,
+        queue_capacity=parsed.queue_capacity,
+        poll_timeout_ms=parsed.poll_timeout_ms,
+        max_wait_ms=parsed.max_wait_ms,
+        filter_values=tuple(parsed.filter_values or ()),
+        filter_match_unfiltered=parsed.filter_match_unfiltered,
+        strict=parsed.strict_decoding,
+        fail_on_data_loss=plan.fail_on_data_loss,
+    )
+
+
+def run_consume(
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    sink: RangeSink | Callable[[pa.RecordBatch], Any],
+    *,
+    store_watermark: bool = True,
+    metadata_fields: str | None = None,
+    source_options: Mapping[str, str] | None = None,
+    settings: ReadSettings | None = None,
+) -> RunSummary:
+    """Read `plan` into `sink` without Spark; then, and only then, store `plan.consumer`'s watermarks.
+
+    The summary is `jobs.RunSummary` (as `jobs.run_read` returns it) plus `rows_per_stream`, the
+    `files` a file sink wrote, and `data_loss` (offsets retention removed, failOnDataLoss=false).
+    """
+    import pyarrow.compute as pc
+
+    t0 = time.monotonic()
+    target: RangeSink = sink if isinstance(sink, RangeSink) else FunctionSink(sink)
+    s = settings or read_settings(conn, plan, metadata_fields=metadata_fields, source_options=source_options)
+    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0)
+    per_stream: dict[str, int] = {}
+    lost: dict[str, list[int]] = {}
+    for stream, (start, end) in plan.ranges.items():
+        reader = RangeReader(conn, stream, start, end, s)
+        target.open(stream, start, end, BatchBuilder(stream, s.metadata_fields).schema)
+        rows = 0
+        try:
+            for batch in reader:
+                target.write(batch)
+                rows += batch.num_rows
+                summary.bytes = (summary.bytes or 0) + int(
+                    pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+                )
+            target.close()
+        except BaseException:
+            target.abort()
+            raise
+        per_stream[stream] = rows
+        summary.rows = (summary.rows or 0) + rows
+        if reader.lost:
+            lost[stream] = [min(lo for lo, _ in reader.lost), max(hi for _, hi in reader.lost)]
+    if store_watermark and plan.consumer and not plan.is_empty:
+        store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+        summary.watermark_stored = True
+    summary.extra["rows_per_stream"] = per_stream
+    outputs = getattr(target, "outputs", None)
+    if outputs is not None:
+        summary.extra["files"] = list(outputs)
+    if not plan.fail_on_data_loss:
+        summary.extra["data_loss"] = lost
+    if plan.resumed:
+        summary.extra["resumed_plan"] = True
+    if plan.consumer:
+        kw = {"superstream": plan.target} if plan.superstream else {"stream": plan.target}
+        summary.lag_after = watermarks(conn, plan.consumer, **kw).total_lag
+    summary.seconds = round(time.monotonic() - t0, 3)
+    log.info("rmqs consume on '%s': %s rows from %s", plan.target, summary.rows, plan.ranges or "nothing")
+    return summary
