@@ -309,26 +309,27 @@ def watermark_set(
 def _print_move(move: Any, dry_run: bool) -> None:
     title = f"{'dry run: ' if dry_run else ''}watermark of '{move.consumer}' on {move.target} -> {move.to}"
     table = Table(title=title)
-    for col in ("partition", "watermark", "new", "change", "lag", "lag after", "note"):
-        table.add_column(col, justify="left" if col in ("partition", "change", "note") else "right")
+    for col in ("partition", "watermark", "new", "change", "lag", "lag after"):
+        table.add_column(col, justify="left" if col in ("partition", "change") else "right")
+    notes: list[str] = []
     for p in move.partitions:
         change = p.change.upper() if p.change == "backward" else p.change
-        notes = [p.note] if p.note else []
+        table.add_row(p.stream, _wm(p.current), _wm(p.new), change, str(p.lag_before), str(p.lag_after))
+        if p.note:
+            notes.append(f"{p.stream}: {p.note}")
         if p.pending_plan and p.change != "unchanged":
-            notes.append(f"pending plan [{p.pending_plan[0]}, {p.pending_plan[1]}) dropped")
-        table.add_row(
-            p.stream,
-            _wm(p.current),
-            _wm(p.new),
-            change,
-            str(p.lag_before),
-            str(p.lag_after),
-            "; ".join(notes),
-        )
+            start, end = p.pending_plan
+            notes.append(
+                f"{p.stream}: pending plan [{start}, {end}) dropped (a failed run will not retry it)"
+            )
+        if p.change == "backward":
+            notes.append(f"{p.stream}: BACKWARD by {p.current - p.new}: those messages will be read again")
     before = sum(p.lag_before for p in move.partitions)
     after = sum(p.lag_after for p in move.partitions)
-    table.add_row("total", "", "", "", str(before), str(after), "")
+    table.add_row("total", "", "", "", str(before), str(after))
     console.print(table)
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
 
 
 # ------------------------------------------------------------------------------------ writing
