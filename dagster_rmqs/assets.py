@@ -6,7 +6,6 @@ the run summary -> materialization metadata. The asset's definition metadata (`r
 stream and consumer, so sensors and checks built from the asset need nothing else.
 """
 
-import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,12 +39,6 @@ META_STREAM = "rmqs/stream"
 META_SUPERSTREAM = "rmqs/superstream"
 META_CONSUMER = "rmqs/consumer_name"
 META_MODE = "rmqs/mode"
-
-# Errors a retry cannot fix, as named in the text of an error that crossed Spark's boundary.
-_NON_RETRYABLE = re.compile(
-    r"\b(ConfigurationError|AuthenticationError|DataLossError|StreamNotFoundError|UnsupportedBrokerError"
-    r"|DataError|WatermarkConflictError): "
-)
 
 
 @dataclass(frozen=True)
@@ -355,15 +348,11 @@ def _failures() -> Iterator[None]:
     """Non-retryable errors become `Failure(allow_retries=False)`; transient ones propagate (retry)."""
     try:
         yield
-    except errors.RmqsError as e:
-        if e.retryable:
-            raise
-        raise Failure(description=f"{type(e).__name__}: {e}", allow_retries=False) from e
+    except Failure:
+        raise
     except Exception as e:
-        # Errors raised inside Spark (the data source, an executor) arrive wrapped; their text
-        # still names the rmqs error class.
-        m = _NON_RETRYABLE.search(str(e))
-        if m is None or isinstance(e, Failure):
+        verdict = errors.classify(e)
+        if verdict.retryable:
             raise
-        line = str(e)[m.start() :].splitlines()[0][:1000]
-        raise Failure(description=f"{line} (raised in Spark)", allow_retries=False) from e
+        spark = "" if isinstance(e, errors.RmqsError) else " (raised in Spark)"
+        raise Failure(description=f"{verdict.message}{spark}", allow_retries=False) from e

@@ -6,6 +6,7 @@ Messages name the stream, partition, offset and option involved; they never cont
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 log = logging.getLogger("pyspark_rmqs.planning")
 
@@ -85,3 +86,41 @@ def report_data_loss(fail: bool, message: str) -> None:
             "becomes at-most-once for the lost range)."
         )
     log.warning("data loss (failOnDataLoss=false): %s", message)
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What an orchestrator needs to know of a failure: retry it or not, and what the user reads."""
+
+    retryable: bool
+    message: str
+    error: str | None  # the rmqs error class name, when the failure is (or wraps) one
+
+
+def _error_classes() -> dict[str, type[RmqsError]]:
+    found: dict[str, type[RmqsError]] = {}
+    todo: list[type[RmqsError]] = [RmqsError]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def classify(exc: BaseException) -> Classified:
+    """The one decision, for Airflow and Dagster alike: is `exc` worth retrying, and what does it say?
+
+    rmqs errors carry `retryable`. Errors raised inside Spark (an executor, a Python data source
+    worker) reach the driver wrapped, with the original `pyspark_rmqs.errors.X: message` line in
+    their text: that line decides, and becomes the message. Anything else is retryable (a network
+    blip, a Spark executor lost): the orchestrator's retry policy applies.
+    """
+    if isinstance(exc, RmqsError):
+        return Classified(exc.retryable, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+    classes = _error_classes()
+    for line in str(exc).splitlines():
+        for name, cls in classes.items():
+            marker = f"{name}: "
+            if marker in line and ("pyspark_rmqs" in line or line.lstrip().startswith(marker)):
+                return Classified(cls.retryable, line[line.index(marker) :].strip()[:2000], name)
+    return Classified(True, f"{type(exc).__name__}: {exc}", None)

@@ -1,0 +1,71 @@
+"""`errors.classify`: the one retry decision Airflow and Dagster share, and data-loss wording."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyspark_rmqs import errors
+from pyspark_rmqs.errors import (
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    DataLossError,
+    PublishError,
+    WatermarkConflictError,
+    classify,
+    lost_message,
+    report_data_loss,
+)
+
+
+@pytest.mark.parametrize(
+    ("exc", "retryable"),
+    [
+        (ConfigurationError("option 'x' is bad"), False),
+        (DataLossError("offsets lost"), False),
+        (WatermarkConflictError("moved"), False),
+        (errors.AuthenticationError("refused"), False),
+        (errors.StreamNotFoundError("gone"), False),
+        (errors.UnsupportedBrokerError("old"), False),
+        (errors.DataError("bad message"), False),
+        (BrokerUnavailableError("blip"), True),
+        (BrokerTimeoutError("slow"), True),
+        (PublishError("nack"), True),
+        (RuntimeError("executor lost"), True),
+    ],
+)
+def test_rmqs_errors_say_whether_to_retry(exc: Exception, retryable: bool) -> None:
+    verdict = classify(exc)
+    assert verdict.retryable is retryable
+    assert str(exc) in verdict.message
+    if isinstance(exc, errors.RmqsError):
+        assert verdict.error == type(exc).__name__
+        assert verdict.message == f"{type(exc).__name__}: {exc}"
+    else:
+        assert verdict.error is None
+
+
+def test_an_error_raised_inside_spark_is_classified_by_its_rmqs_line() -> None:
+    wrapped = Exception(
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to plan: Traceback (most recent call last):\n"
+        '  File "x.py", line 1\n'
+        "pyspark_rmqs.errors.DataLossError: offsets [0, 5) of stream 's' are lost (5 offsets): gone\n"
+        " SQLSTATE: 38000"
+    )
+    verdict = classify(wrapped)
+    assert verdict == errors.Classified(
+        False, "DataLossError: offsets [0, 5) of stream 's' are lost (5 offsets): gone", "DataLossError"
+    )
+    transient = Exception("Traceback\npyspark_rmqs.errors.BrokerUnavailableError: connection lost\n")
+    assert classify(transient).retryable is True
+    assert classify(transient).error == "BrokerUnavailableError"
+
+
+def test_data_loss_has_one_wording_and_obeys_fail_on_data_loss(caplog: pytest.LogCaptureFixture) -> None:
+    text = lost_message("orders-1", 10, 25, "retention removed them")
+    assert text == "offsets [10, 25) of stream 'orders-1' are lost (15 offsets): retention removed them"
+    with pytest.raises(DataLossError) as lost:
+        report_data_loss(True, text)
+    assert str(lost.value).startswith(text) and "failOnDataLoss=false" in str(lost.value)
+    report_data_loss(False, text)
+    assert text in caplog.text and "failOnDataLoss=false" in caplog.text
