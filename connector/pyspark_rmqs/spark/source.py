@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -16,6 +14,7 @@ from pyspark.sql.types import StructType
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import parse_sink_options, parse_source_options
 from pyspark_rmqs.schema import source_ddl
+from pyspark_rmqs.spark.compat import pushdown_enabled
 
 
 class RabbitMQStreamsDataSource(DataSource):
@@ -34,7 +33,7 @@ class RabbitMQStreamsDataSource(DataSource):
         from pyspark_rmqs.spark.batch import RabbitMQStreamsBatchReader, RabbitMQStreamsFilteringBatchReader
 
         opts = parse_source_options(dict(self.options), streaming=False)
-        if _pushdown_enabled():
+        if pushdown_enabled():
             return RabbitMQStreamsFilteringBatchReader(opts)
         return RabbitMQStreamsBatchReader(opts)
 
@@ -64,18 +63,3 @@ def _append_only(overwrite: bool) -> None:
             "rabbitmq_streams writes append only: a stream cannot be overwritten or truncated; "
             "use mode('append') (or outputMode('append') for streaming)"
         )
-
-
-def _pushdown_enabled() -> bool:
-    """Whether `spark.sql.python.filterPushdown.enabled` is on for the read being planned.
-
-    PySpark hands the setting to its planning worker but not to the data source, and fails a read
-    whose reader implements `pushFilters` while it is off (the default). The worker keeps it in a
-    local of its `_main`; read it from there, and plan without pushdown when it cannot be found.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_main" and "enable_pushdown" in frame.f_locals:
-            return bool(frame.f_locals["enable_pushdown"])
-        frame = frame.f_back  # type: ignore[assignment]
-    return False

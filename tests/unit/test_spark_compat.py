@@ -1,0 +1,36 @@
+"""The PySpark internals `pyspark_rmqs.spark.compat` relies on are still there (fails on a PySpark rename)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+from pyspark_rmqs.spark import compat
+
+
+def test_pyspark_planning_worker_keeps_the_pushdown_setting_in_the_local_rmqs_reads() -> None:
+    module = importlib.import_module(compat.PLANNING_WORKER_MODULE)
+    func = getattr(module, compat.PLANNING_FUNCTION)
+    tree = ast.parse(inspect.getsource(func))
+    assigned = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    assert compat.PUSHDOWN_LOCAL in assigned, (
+        f"PySpark's {compat.PLANNING_WORKER_MODULE}.{compat.PLANNING_FUNCTION} no longer assigns "
+        f"'{compat.PUSHDOWN_LOCAL}': update pyspark_rmqs/spark/compat.py"
+    )
+
+
+def test_pushdown_is_read_from_the_planning_frame_and_off_elsewhere() -> None:
+    assert compat.pushdown_enabled() is False
+
+    def _main() -> bool:  # stands in for PySpark's planning function
+        enable_pushdown = True  # noqa: F841 - read through the frame
+        return compat.pushdown_enabled()
+
+    assert _main() is True
