@@ -7,7 +7,7 @@ that do not name a virtual host and a stream; the factory builds one from its pa
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import SplitResult, quote, unquote
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from airflow.sdk import Asset
 
@@ -39,3 +39,14 @@ def create_asset(
 ) -> Asset:
     """An Asset for a stream or super stream (Airflow's `asset-uris` factory)."""
     return Asset(uri=asset_uri(host=host, stream=stream, port=port, vhost=vhost), extra=extra)
+
+
+def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> Any:
+    """The OpenLineage dataset of a `rabbitmq-stream` asset (the provider's `to_openlineage_converter`).
+
+    namespace `rabbitmq-stream://host:port`, name `vhost/stream`: together the asset URI again.
+    """
+    from openlineage.client.event_v2 import Dataset
+
+    u = urlsplit(asset.uri)
+    return Dataset(namespace=f"{u.scheme}://{u.netloc}", name=u.path.lstrip("/"))

@@ -54,8 +54,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "rmqs",
         "name": "RabbitMQ Streams (rmqs)",
-        "description": "Read, drain and publish RabbitMQ Streams and Super Streams with Spark; "
-        "sensors and triggers on consumer lag and new data.",
+        "description": "Read, drain and publish RabbitMQ Streams and Super Streams with Spark or "
+        "plain Python (Arrow, Parquet); sensors and triggers on consumer lag and new data; OpenLineage.",
         "integrations": [
             {
                 "integration-name": INTEGRATION,
@@ -92,6 +92,7 @@ def get_provider_info() -> dict[str, Any]:
                 "schemes": ["rabbitmq-stream"],
                 "handler": "airflow_rmqs.assets.sanitize_uri",
                 "factory": "airflow_rmqs.assets.create_asset",
+                "to_openlineage_converter": "airflow_rmqs.assets.convert_asset_to_openlineage",
             }
         ],
         "queues": ["airflow_rmqs.queues.RabbitMQStreamMessageQueueProvider"],
