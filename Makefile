@@ -60,6 +60,7 @@ docs: setup
 bench: setup broker-up
 	$(PY) -m bench.reader
 	$(PY) -m bench.writer
+	$(PY) -m bench.consume
 	$(PY) -m bench.spark_read
 	$(PY) -m bench.spark_write
 

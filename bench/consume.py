@@ -1,0 +1,50 @@
+"""The Spark-free consume core (`consume.run_consume`, RabbitMQStreamConsumeOperator's engine)
+against a bare rstream consumer, in one run on the same stream.
+
+    .venv/bin/python -m bench.consume [--messages N]
+
+Prints one line per comparison, ending in the ratio to the bare consumer: the watermark-protocol
+read into a counting `apply_function`, and into Parquet files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+
+from bench.common import connection, fill, report, temp_stream, timed
+from bench.reader import _bare
+from pyspark_rmqs import consume, jobs
+from pyspark_rmqs.options import ConnectionOptions
+
+
+def _consume(conn: ConnectionOptions, stream: str, count: int, sink: object) -> int:
+    plan = jobs.plan_read(conn, stream=stream, consumer="bench", start="watermark", persist=False)
+    summary = consume.run_consume(conn, plan, sink, store_watermark=False, metadata_fields="")  # type: ignore[arg-type]
+    assert summary.rows == count, (summary.rows, count)
+    return count
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    n = ap.parse_args().messages
+    conn = connection()
+    with temp_stream(conn, "bench-consume") as stream, tempfile.TemporaryDirectory() as out:
+        fill(conn, stream, n)
+        rows = [0]
+
+        def count(batch: object) -> None:
+            rows[0] += batch.num_rows  # type: ignore[attr-defined]
+
+        secs, _ = timed(lambda: asyncio.run(_bare(conn, stream, n)))
+        base = report("bare rstream consumer", n, secs)
+        secs, _ = timed(lambda: _consume(conn, stream, n, count))
+        report("consume -> apply_function", n, secs, base)
+        secs, _ = timed(lambda: _consume(conn, stream, n, consume.ParquetSink(out)))
+        report("consume -> Parquet", n, secs, base)
+
+
+if __name__ == "__main__":
+    main()
