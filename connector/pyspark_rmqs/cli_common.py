@@ -210,6 +210,8 @@ class guarded:
             return False
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             return False
+        if type(exc).__module__.split(".")[0] in ("click", "typer"):  # typer's own click: exits, aborts
+            return False
         from pyspark_rmqs.errors import RmqsError
 
         if isinstance(exc, RmqsError | OSError | ValueError):
