@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from pathlib import Path
 
@@ -239,3 +240,18 @@ def test_compressed_sub_entries_round_trip(spark: SparkSession, broker: BrokerSe
     assert [r.offset for r in got] == list(range(500))
     with pytest.raises(PySparkException, match="cannot be combined"):
         write(df, broker, stream=s, subEntrySize="20", filterValuePath="routing_key")
+
+
+def test_large_messages_round_trip_with_default_options(
+    spark: SparkSession, broker: BrokerSettings, streams
+) -> None:  # type: ignore[no-untyped-def]
+    """200 KiB messages share frames; a 12 MiB one exceeds the broker's 1 MiB frame_max and goes alone
+    (RabbitMQ 4.0 accepts it). Both come back byte for byte."""
+    s = streams.stream()
+    bodies = [bytes([i]) * 7 + os.urandom(200 * 1024 - 7) for i in range(12)]
+    bodies.insert(5, b"big" + os.urandom(12 * 1024 * 1024 - 3))
+    df = spark.createDataFrame([(b,) for b in bodies], "value binary").coalesce(1)
+    write(df, broker, stream=s)
+    got = read_back(spark, broker, stream=s, metadataFields="").orderBy("offset").collect()
+    assert [r.offset for r in got] == list(range(len(bodies)))
+    assert [bytes(r.value) for r in got] == bodies

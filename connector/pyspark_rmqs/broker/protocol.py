@@ -187,6 +187,7 @@ class RmqsClient(Client):
         # callers notice dead connections through is_connection_alive().
         kw.setdefault("connection_closed_handler", _ignore_closed)
         super().__init__(host, port, ssl_context=ssl_context, **kw)
+        self.requested_frame_max: int = kw["frame_max"]  # before the tune: frame_max is then the minimum
         self.deliver_sinks: dict[int, Callable[[Chunk], None]] = {}
         self.confirm_sinks: dict[int, Callable[[tuple[int, ...]], None]] = {}
 

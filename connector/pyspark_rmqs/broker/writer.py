@@ -2,7 +2,9 @@
 
 One publisher per partition stream, each on its own connection (rstream's super stream producer
 misroutes key routing and hashes differently from the Java and Go clients; see DESIGN). Frames are
-encoded here in one buffer per batch. `send()` blocks while `max_in_flight` messages await
+encoded here, each in one buffer of at most `batch_size` messages and the frame_max negotiated with
+the broker; a message that fits no frame fails with `DataError` where the broker enforces the limit
+(see `_frame_limit_enforced`). `send()` blocks while `max_in_flight` messages await
 confirms (up to `enqueue_timeout_ms`), and raises at once when any earlier message failed;
 `flush()` waits for every confirm (`confirm_timeout_ms`) and raises on any failure.
 
@@ -28,7 +30,7 @@ import mmh3
 from rstream import exceptions as rx
 from rstream import schema
 
-from pyspark_rmqs.broker.client import AsyncBrokerClient
+from pyspark_rmqs.broker.client import AsyncBrokerClient, parse_version
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
@@ -48,7 +50,12 @@ HASH_SEED = 104729
 _PUBLISH_V1 = struct.Struct(">IHHBi")  # length, key, version, publisher id, count
 _MSG = struct.Struct(">QI")
 _MSG_FILTERED = struct.Struct(">Qh")
-_SUB_ENTRY = struct.Struct(">QBHII")
+_SUB_ENTRY_HEADER = struct.Struct(">BHII")  # after the publishing id: type, count, sizes
+_PUBLISHING_ID = struct.Struct(">Q")
+_FRAME_HEADER = _PUBLISH_V1.size  # a publish frame's bytes besides its entries, length prefix included
+# RabbitMQ closes a connection that sends a frame over the negotiated frame_max from 4.3.5 on
+# (rabbitmq-community/rstream#274); 4.0 accepts it (tests/integration/test_publish_frames.py).
+ENFORCES_FRAME_MAX = (4, 3, 5)
 
 _MAX_STALLED_RECOVERIES = 5
 
@@ -59,6 +66,35 @@ RESPONSE_CODES = {
     17: "precondition failed",
     18: "publisher does not exist",
 }
+
+
+_warned_oversized = False
+
+
+def plan_frames(sizes: Sequence[int], max_entries: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Split entries of these sizes into consecutive frames [start, end): at most `max_entries`
+    entries and `max_bytes` bytes each. An entry larger than `max_bytes` gets a frame of its own:
+    the caller decides whether it may be sent."""
+    frames: list[tuple[int, int]] = []
+    start = used = 0
+    for i, size in enumerate(sizes):
+        if i > start and (i - start >= max_entries or used + size > max_bytes):
+            frames.append((start, i))
+            start, used = i, 0
+        used += size
+    if start < len(sizes):
+        frames.append((start, len(sizes)))
+    return frames
+
+
+def _entry_sizes(messages: Sequence[bytes], filters: Sequence[str | None] | None) -> list[int]:
+    """Bytes of each message in a publish frame: id, (filter value,) length and body."""
+    if filters is None:
+        return [_MSG.size + len(m) for m in messages]
+    return [
+        _MSG_FILTERED.size + (len(f.encode("utf-8")) if f is not None else 0) + 4 + len(m)
+        for m, f in zip(messages, filters, strict=True)
+    ]
 
 
 def hash_partition(routing_key: str, partitions: int) -> int:
@@ -127,6 +163,8 @@ class _Publisher:
         self.reconnect = reconnect  # a fresh connection in place of a dead one (None: fail instead)
         self.next_id = first_id
         self.id_limit = id_limit
+        self.frames = 0
+        self.largest_frame = 0
         self.in_flight = 0
         self.sent = 0
         self.confirmed = 0
@@ -307,30 +345,127 @@ class _Publisher:
                 ) from e
         self.raise_failures()
 
+    @property
+    def frame_limit(self) -> int:
+        """The largest publish frame, in bytes: the frame_max this connection negotiated."""
+        return int(self.client.frame_max)
+
+    def _frame_limit_enforced(self) -> bool:
+        """Whether a frame over `frame_limit` must not be sent at all.
+
+        It must not when this client asked for that limit itself, or when the broker closes
+        connections that exceed it (RabbitMQ >= 4.3.5). Older brokers accept larger frames, so a
+        message larger than their negotiated frame_max (1 MiB by default) still goes through alone.
+        """
+        if self.client.requested_frame_max <= self.frame_limit:
+            return True
+        version = (self.client.server_properties or {}).get("version", "0.0.0")
+        return parse_version(str(version)) >= ENFORCES_FRAME_MAX
+
+    def _check_fits(self, entry_size: int, row: int, what: str) -> None:
+        """A frame holding only this entry is over the limit: fail naming the row, or allow it."""
+        if _FRAME_HEADER + entry_size <= self.frame_limit:
+            return
+        if self._frame_limit_enforced():
+            raise DataError(
+                f"row {row} of this task: {what} does not fit in a publish frame to "
+                f"'{self.stream}': the largest frame this connection may send is {self.frame_limit} "
+                f"bytes, {_FRAME_HEADER} of them frame header (the frame_max negotiated with the broker; "
+                "raise stream.frame_max on the broker or send smaller messages)"
+            )
+        global _warned_oversized
+        if not _warned_oversized:
+            _warned_oversized = True
+            log.warning(
+                "row %d of this task: %s exceeds the frame_max of %d bytes negotiated with '%s'; it is "
+                "sent in a frame of its own, which this broker accepts (RabbitMQ %s and later refuse it)",
+                row,
+                what,
+                self.frame_limit,
+                self.stream,
+                ".".join(map(str, ENFORCES_FRAME_MAX)),
+            )
+
     async def publish(
-        self, messages: Sequence[bytes], filters: Sequence[str | None] | None, s: WriteSettings
+        self,
+        messages: Sequence[bytes],
+        filters: Sequence[str | None] | None,
+        s: WriteSettings,
+        rows: Sequence[int] | None = None,
     ) -> None:
-        step = s.batch_size * (s.sub_entry_size if s.sub_entry_size > 1 else 1)
-        for i in range(0, len(messages), step):
-            part = messages[i : i + step]
-            fpart = filters[i : i + step] if filters is not None else None
-            self.raise_failures()
-            await self.wait_window(len(part), s.max_in_flight, s.enqueue_timeout_ms / 1000)
-            self.raise_failures()
-            if s.sub_entry_size > 1:
-                frame, count = self._sub_entry_frame(part, s)
-            else:
-                frame, count = self._frame(part, fpart)
-            self._check_id_limit()
-            self.in_flight += count
-            self.sent += len(part)
-            self.unconfirmed.append((self.next_id - 1, count, frame))
-            try:
-                await self.client.send_raw(frame)
-            except Exception as e:  # the frame is kept: the next wait recovers and re-sends it
-                if as_transient(e) is None:
-                    raise
-                log.debug("send to '%s' failed: %s", self.stream, e)
+        """Publish in order, in frames of at most `batch_size` entries and `frame_limit` bytes.
+
+        `rows` numbers the messages for errors (default: their positions).
+        """
+        rows = rows if rows is not None else range(len(messages))
+        if s.sub_entry_size > 1:
+            await self._publish_sub_entries(messages, rows, s)
+            return
+        sizes = _entry_sizes(messages, filters)
+        for start, end in plan_frames(sizes, s.batch_size, self.frame_limit - _FRAME_HEADER):
+            if end - start == 1:
+                self._check_fits(sizes[start], rows[start], f"a message of {len(messages[start])} bytes")
+            part = messages[start:end]
+            fpart = filters[start:end] if filters is not None else None
+            await self._before_frame(len(part), s)
+            frame, count = self._frame(part, fpart)
+            await self._send_frame(frame, count, len(part))
+
+    async def _publish_sub_entries(
+        self, messages: Sequence[bytes], rows: Sequence[int], s: WriteSettings
+    ) -> None:
+        """Sub-entry batches: `sub_entry_size` messages per entry, compressed together; one confirm each."""
+        codec = COMPRESSION_CODES[s.compression]
+        entries: list[tuple[bytes, int]] = []  # (entry after its publishing id, messages in it)
+        for j in range(0, len(messages), s.sub_entry_size):
+            group = messages[j : j + s.sub_entry_size]
+            raw = b"".join(len(m).to_bytes(4, "big") + m for m in group)
+            data = _compress(codec, raw)
+            entries.append(
+                (
+                    _SUB_ENTRY_HEADER.pack(0x80 | (codec << 4), len(group), len(raw), len(data)) + data,
+                    len(group),
+                )
+            )
+        sizes = [_PUBLISHING_ID.size + len(e) for e, _ in entries]
+        first_row = [rows[j] for j in range(0, len(messages), s.sub_entry_size)]
+        for start, end in plan_frames(sizes, s.batch_size, self.frame_limit - _FRAME_HEADER):
+            if end - start == 1:
+                entry, n = entries[start]
+                what = f"a sub-entry batch of {n} messages ({len(entry)} bytes) starting at this row"
+                self._check_fits(sizes[start], first_row[start], what)
+            part = entries[start:end]
+            n = sum(k for _, k in part)
+            await self._before_frame(n, s)
+            buf = []
+            for entry, _ in part:
+                buf.append(_PUBLISHING_ID.pack(self.next_id))
+                buf.append(entry)
+                self.next_id += 1
+            body = b"".join(buf)
+            frame = _PUBLISH_V1.pack(len(body) + 9, 2, 1, self.id, len(part)) + body
+            await self._send_frame(frame, len(part), n)
+
+    async def _before_frame(self, messages: int, s: WriteSettings) -> None:
+        """Wait for room in the confirm window; fail first if anything failed already."""
+        self.raise_failures()
+        await self.wait_window(messages, s.max_in_flight, s.enqueue_timeout_ms / 1000)
+        self.raise_failures()
+
+    async def _send_frame(self, frame: bytes, confirms: int, messages: int) -> None:
+        """Send a built frame, keeping it until confirmed (a lost connection re-sends it)."""
+        self._check_id_limit()
+        self.in_flight += confirms
+        self.sent += messages
+        self.frames += 1
+        self.largest_frame = max(self.largest_frame, len(frame))
+        self.unconfirmed.append((self.next_id - 1, confirms, frame))
+        try:
+            await self.client.send_raw(frame)
+        except Exception as e:  # the frame is kept: the next wait recovers and re-sends it
+            if as_transient(e) is None:
+                raise
+            log.debug("send to '%s' failed: %s", self.stream, e)
 
     def _check_id_limit(self) -> None:
         """Publishing ids at or past the limit belong to the next epoch's range: fail instead."""
@@ -368,22 +503,6 @@ class _Publisher:
         self.next_id = pid
         return header + body, len(part)
 
-    def _sub_entry_frame(self, part: Sequence[bytes], s: WriteSettings) -> tuple[bytes, int]:
-        """Sub-entry batches: `sub_entry_size` messages per entry, compressed together; one confirm each."""
-        codec = COMPRESSION_CODES[s.compression]
-        entries: list[bytes] = []
-        for j in range(0, len(part), s.sub_entry_size):
-            group = part[j : j + s.sub_entry_size]
-            raw = b"".join(len(m).to_bytes(4, "big") + m for m in group)
-            data = _compress(codec, raw)
-            entries.append(
-                _SUB_ENTRY.pack(self.next_id, 0x80 | (codec << 4), len(group), len(raw), len(data)) + data
-            )
-            self.next_id += 1
-        body = b"".join(entries)
-        header = _PUBLISH_V1.pack(len(body) + 9, 2, 1, self.id, len(entries))
-        return header + body, len(entries)
-
     async def close(self) -> None:
         self._detach()
         if self.client.is_connection_alive():
@@ -399,6 +518,21 @@ def load_partitioner(path: str) -> Callable[[str, list[str]], Any]:
 
     partitioner: Partitioner = load(path, "partitionerClass", Partitioner)
     return partitioner.partition
+
+
+@dataclass
+class _Group:
+    """The messages of one send() bound for one partition stream, with their rows in the task."""
+
+    messages: list[bytes]
+    filters: list[str | None] | None
+    rows: list[int]
+
+    def add(self, message: bytes, filter_value: str | None, row: int) -> None:
+        self.messages.append(message)
+        if self.filters is not None:
+            self.filters.append(filter_value)
+        self.rows.append(row)
 
 
 class StreamProducer:
@@ -468,29 +602,32 @@ class StreamProducer:
         """Publish encoded messages in order (per partition stream); blocks on a full confirm window."""
         if not messages:
             return
+        base = self.messages  # rows of earlier sends: errors number the rows of the whole task
+        groups: dict[str, _Group] = {}
         if not self.superstream:
-            groups = {
-                self.target: (list(messages), list(filter_values) if filter_values is not None else None)
-            }
+            groups[self.target] = _Group(
+                list(messages),
+                list(filter_values) if filter_values is not None else None,
+                list(range(base, base + len(messages))),
+            )
         else:
             if routing_keys is None:
                 raise ConfigurationError(
                     f"writing to super stream '{self.target}' needs a routing_key column"
                 )
-            groups = {}
             for i, m in enumerate(messages):
-                for stream in self.route(routing_keys[i], i):
-                    msgs, fvals = groups.setdefault(stream, ([], [] if filter_values is not None else None))
-                    msgs.append(m)
-                    if fvals is not None and filter_values is not None:
-                        fvals.append(filter_values[i])
+                for stream in self.route(routing_keys[i], base + i):
+                    group = groups.get(stream)
+                    if group is None:
+                        group = groups[stream] = _Group([], [] if filter_values is not None else None, [])
+                    group.add(m, filter_values[i] if filter_values is not None else None, base + i)
         run_sync(self._send(groups), None, "publish")
         self.messages += len(messages)
 
-    async def _send(self, groups: dict[str, tuple[list[bytes], list[str | None] | None]]) -> None:
-        for stream, (msgs, fvals) in groups.items():
+    async def _send(self, groups: dict[str, _Group]) -> None:
+        for stream, g in groups.items():
             pub = await self._publisher(stream)
-            await pub.publish(msgs, fvals, self.s)
+            await pub.publish(g.messages, g.filters, self.s, g.rows)
 
     async def _publisher(self, stream: str) -> _Publisher:
         pub = self._publishers.get(stream)
@@ -554,6 +691,10 @@ class StreamProducer:
     def message_counts(self) -> dict[str, int]:
         """Messages sent per partition stream (confirmed once `flush()` returned)."""
         return {s: p.sent for s, p in self._publishers.items()}
+
+    def frame_stats(self) -> dict[str, tuple[int, int]]:
+        """(publish frames sent, largest frame in bytes) per partition stream."""
+        return {s: (p.frames, p.largest_frame) for s, p in self._publishers.items()}
 
     def last_publishing_ids(self) -> dict[str, int]:
         return {s: p.next_id - 1 for s, p in self._publishers.items()}
