@@ -25,16 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.codec import to_millis
 from pyspark_rmqs.errors import ConfigurationError, lost_message, report_data_loss
 from pyspark_rmqs.options import ConnectionOptions
+from pyspark_rmqs.planning import Bounds, Position, resolve_positions
 from pyspark_rmqs.watermarks import (
-    Watermarks,
     pending_plan,
     record_plan,
     store_watermarks,
@@ -47,8 +45,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-
-Position = str | int | datetime | Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -101,50 +97,6 @@ class RunSummary:
         return d
 
 
-def _resolve(
-    client: BrokerClient, w: Watermarks, pos: Position, *, is_end: bool, fallback: str = "earliest"
-) -> dict[str, int]:
-    """A position per partition stream. Strings: watermark, earliest, latest, or JSON offsets."""
-    out: dict[str, int] = {}
-    if isinstance(pos, str) and pos.strip().startswith("{"):
-        pos = off.offsets_from_json(pos, "end" if is_end else "start")
-    for p in w.partitions:
-        if isinstance(pos, Mapping):
-            v = pos.get(p.stream)
-            if v is None:  # not named: a start reads the partition from its first offset, an end to its tail
-                out[p.stream] = p.tail if is_end else p.first
-            elif v == off.LATEST:
-                out[p.stream] = p.tail
-            elif v == off.EARLIEST:
-                out[p.stream] = p.first
-            else:
-                out[p.stream] = int(v)
-        elif isinstance(pos, datetime) or (isinstance(pos, int) and not isinstance(pos, bool)):
-            ms = to_millis(pos)
-            out[p.stream] = client.offset_for_timestamp(p.stream, ms)
-        elif pos == "latest":
-            out[p.stream] = p.tail
-        elif pos == "earliest":
-            out[p.stream] = p.first
-        elif pos == "watermark" and not is_end:
-            if not w.consumer:
-                raise ConfigurationError(
-                    "start='watermark' needs a consumer_name (whose stored offset is the watermark)"
-                )
-            if p.stored is not None:
-                out[p.stream] = p.stored + 1
-            else:
-                out[p.stream] = p.tail if fallback == "latest" else p.first
-        else:
-            valid = (
-                "'latest', offsets JSON/dict or a timestamp"
-                if is_end
-                else ("'watermark', 'earliest', 'latest', offsets JSON/dict or a timestamp")
-            )
-            raise ConfigurationError(f"{'end' if is_end else 'start'} must be {valid}; got {pos!r}")
-    return out
-
-
 def plan_read(
     conn: ConnectionOptions,
     *,
@@ -178,8 +130,10 @@ def plan_read(
         log.info("consumer '%s' has a pending plan %s: reading exactly that range again", consumer, pending)
     else:
         client = BrokerClient(conn)
-        starts = _resolve(client, w, start, is_end=False, fallback=starting_offsets)
-        ends = _resolve(client, w, end, is_end=True)
+        b = Bounds({p.stream: p.first for p in w.partitions}, {p.stream: p.tail for p in w.partitions})
+        stored = seen if consumer else None
+        starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
+        ends = resolve_positions(client, b, end, is_end=True)
     for p in w.partitions:
         s = p.stream
         if starts[s] < p.first and ends[s] > starts[s]:

@@ -1,0 +1,80 @@
+"""`planning.resolve_positions`: the one resolver of read positions (Spark readers and orchestration)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.offsets import EARLIEST, LATEST
+from pyspark_rmqs.options import parse_source_options
+from pyspark_rmqs.planning import Bounds, ending_offsets, resolve_positions, source_position, starting_offsets
+
+B = Bounds(first={"o-0": 10, "o-1": 0}, tail={"o-0": 100, "o-1": 50})
+
+
+class _Timestamps:
+    """Answers offset_for_timestamp as a broker would for chunks one per millisecond from offset 0."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+
+    def offset_for_timestamp(self, stream: str, ms: int) -> int:
+        self.asked.append((stream, ms))
+        return min(ms, B.tail[stream])
+
+
+def test_named_positions() -> None:
+    assert resolve_positions(None, B, "earliest", is_end=False) == {"o-0": 10, "o-1": 0}
+    assert resolve_positions(None, B, "latest", is_end=False) == {"o-0": 100, "o-1": 50}
+    assert resolve_positions(None, B, "latest", is_end=True) == {"o-0": 100, "o-1": 50}
+
+
+def test_offsets_maps_and_json_fill_unnamed_streams_by_side() -> None:
+    assert resolve_positions(None, B, {"o-0": 42}, is_end=False) == {"o-0": 42, "o-1": 0}
+    assert resolve_positions(None, B, {"o-0": 42}, is_end=True) == {"o-0": 42, "o-1": 50}
+    assert resolve_positions(None, B, {"o-0": LATEST, "o-1": EARLIEST}, is_end=False) == {
+        "o-0": 100,
+        "o-1": 0,
+    }
+    assert resolve_positions(None, B, '{"o-1": 7}', is_end=False) == {"o-0": 10, "o-1": 7}
+
+
+def test_watermark_is_stored_plus_one_or_the_fallback() -> None:
+    stored = {"o-0": 41, "o-1": None}
+    assert resolve_positions(None, B, "watermark", is_end=False, stored=stored) == {"o-0": 42, "o-1": 0}
+    got = resolve_positions(None, B, "watermark", is_end=False, stored=stored, fallback="latest")
+    assert got == {"o-0": 42, "o-1": 50}
+    with pytest.raises(ConfigurationError, match="needs a consumer_name"):
+        resolve_positions(None, B, "watermark", is_end=False)
+    with pytest.raises(ConfigurationError, match="end must be 'latest'"):
+        resolve_positions(None, B, "watermark", is_end=True, stored=stored)
+
+
+def test_timestamps_ask_the_broker_per_stream() -> None:
+    ts = _Timestamps()
+    at = datetime(1970, 1, 1, 0, 0, 0, 30_000, tzinfo=UTC)  # 30 ms
+    assert resolve_positions(ts, B, at, is_end=False) == {"o-0": 30, "o-1": 30}  # type: ignore[arg-type]
+    assert resolve_positions(ts, B, 70, is_end=True) == {"o-0": 70, "o-1": 50}  # type: ignore[arg-type]
+    assert ts.asked == [("o-0", 30), ("o-1", 30), ("o-0", 70), ("o-1", 70)]
+    with pytest.raises(ConfigurationError, match="cannot be a timestamp"):
+        resolve_positions(None, B, 70, is_end=True)
+
+
+def test_bad_positions_name_what_is_valid() -> None:
+    with pytest.raises(ConfigurationError, match="start must be 'watermark', 'earliest', 'latest'"):
+        resolve_positions(None, B, "soon", is_end=False)
+
+
+def test_spark_options_resolve_through_the_same_resolver() -> None:
+    base = {"endpoints": "localhost:5552", "superstream": "o"}
+    opts = parse_source_options(
+        {**base, "startingOffsets": "offset", "startingOffset": "20"}, streaming=False
+    )
+    assert source_position(opts, B.tail, is_end=False) == {"o-0": 20, "o-1": 20}
+    assert starting_offsets(None, opts, B) == {"o-0": 20, "o-1": 20}  # type: ignore[arg-type]
+    opts = parse_source_options({**base, "endingOffsets": '{"o-0": 500, "o-1": 5}'}, streaming=False)
+    assert ending_offsets(opts, B) == {"o-0": 100, "o-1": 5}  # never beyond the tail
+    opts = parse_source_options({**base, "startingOffsets": "latest"}, streaming=False)
+    assert starting_offsets(None, opts, B) == {"o-0": 100, "o-1": 50}  # type: ignore[arg-type]
