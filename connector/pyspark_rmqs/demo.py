@@ -50,7 +50,7 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, what: str) -> None:
     The terminal gets one progress line; on failure, the last lines of the log (whole lines) and
     the log's path, then the demo stops.
     """
-    console.print(f"  {what} [dim](output in {_shown(log)})[/]")
+    console.print(f"  {what} [dim](output in {_shown(log)})[/]", soft_wrap=True)
     with log.open("a") as f:
         f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n")
         f.flush()
@@ -101,7 +101,12 @@ def run_demo(root: Path | None = None) -> int:
     with (
         StreamProducer(conn, SUPERSTREAM, superstream=True, settings=WriteSettings()) as producer,
         Progress(
-            TextColumn("  publishing"), BarColumn(), MofNCompleteColumn(), console=console, transient=True
+            TextColumn("  publishing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
         ) as progress,
     ):
         task = progress.add_task("publish", total=len(events))
