@@ -444,8 +444,9 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
 
     :param input_path: read the dataset from there with `input_format` / `input_options`.
     :param dataframe_callable: instead of `input_path`, `dataframe_callable(spark, context)` returns it.
-    :param sink_options: sink options such as `producerName` (broker-side deduplication of a re-run),
-        `routingStrategy`, `compression`, `batchSize`.
+    :param sink_options: sink options such as `producerName` (the broker drops rows a retried Spark
+        task re-sends within this run; another run, an Airflow retry included, publishes all its rows
+        again: at-least-once), `routingStrategy`, `compression`, `batchSize`.
     """
 
     template_fields: Sequence[str] = (
