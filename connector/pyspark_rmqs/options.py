@@ -377,6 +377,11 @@ class _Frozen(BaseModel):
     OPTION_NAMES: ClassVar[Mapping[str, str]] = {}
     """Field name -> the camelCase option name users type."""
 
+    @classmethod
+    def default(cls, field: str) -> Any:
+        """A field's default, for settings built outside the models (the broker layer's dataclasses)."""
+        return cls.model_fields[field].get_default(call_default_factory=True)
+
 
 _M = TypeVar("_M", bound=_Frozen)
 

@@ -45,7 +45,13 @@ from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
-from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
+from pyspark_rmqs.broker.recovery import (
+    CLOSE_TIMEOUT_S,
+    METADATA_CALL_TIMEOUT_S,
+    RECOVERY_WINDOW_S,
+    SUBSCRIBE_TIMEOUT_S,
+    retry_sync,
+)
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
@@ -54,6 +60,7 @@ from pyspark_rmqs.errors import (
     lost_message,
     report_data_loss,
 )
+from pyspark_rmqs.options import SourceOptions
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +75,19 @@ _MAX_RECONNECTS = 5  # connection losses in a row without a single new message
 class ReadSettings:
     """What a reader needs beyond the range; built from `SourceOptions` on the driver."""
 
-    metadata_fields: Sequence[str] = ()
-    initial_credits: int = 1
-    queue_capacity: int = 10_000
-    poll_timeout_ms: int = 30_000
-    max_wait_ms: int = 300_000
+    metadata_fields: Sequence[str] = ()  # no metadata columns (the option's default is all of them)
+    # Option defaults come from the option table (pyspark_rmqs.options): declared once, there.
+    initial_credits: int = SourceOptions.default("initial_credits")
+    queue_capacity: int = SourceOptions.default("queue_capacity")
+    poll_timeout_ms: int = SourceOptions.default("poll_timeout_ms")
+    max_wait_ms: int = SourceOptions.default("max_wait_ms")
     filter_values: Sequence[str] = ()
-    filter_match_unfiltered: bool = False
+    filter_match_unfiltered: bool = SourceOptions.default("filter_match_unfiltered")
     post_filter: Any = None  # callable(Decoded) -> bool, or None
-    strict: bool = False
+    strict: bool = SourceOptions.default("strict_decoding")
     batch_rows: int = 8192
     consumer_name: str | None = None
-    fail_on_data_loss: bool = True
+    fail_on_data_loss: bool = SourceOptions.default("fail_on_data_loss")
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -188,15 +196,15 @@ class RangeReader:
             try:
                 yield from self._drain(bridge, builder, deadline)
             except _Unfiltered:
-                run_sync(self._close(client, bridge, reuse=False), 30)
+                run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 continue
             except StreamNotFoundError:
-                run_sync(self._close(client, bridge, reuse=False), 30)
+                run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 self._lose(self.next_offset, self.end, "the stream was deleted")
                 break
             except BrokerTimeoutError:
                 # pollTimeoutMs / maxWaitMs: the connection is fine, the data is not there; no retry.
-                run_sync(self._close(client, bridge, reuse=False), 30)
+                run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 raise
             except BrokerUnavailableError:
                 reconnects = 1 if self.next_offset > resumed_at else reconnects + 1
@@ -209,12 +217,12 @@ class RangeReader:
                     reconnects,
                     _MAX_RECONNECTS,
                 )
-                run_sync(self._close(client, bridge, reuse=False), 30)
+                run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 continue
             except BaseException:
-                run_sync(self._close(client, bridge, reuse=False), 30)
+                run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 raise
-            run_sync(self._close(client, bridge, reuse=True), 30)
+            run_sync(self._close(client, bridge, reuse=True), CLOSE_TIMEOUT_S)
         batch = builder.flush()
         if batch is not None:
             yield batch
@@ -283,7 +291,9 @@ class RangeReader:
         lo, hi = max(self.next_offset, gap.start), min(self.end, gap.end)
         if hi <= lo:
             return
-        first = run_sync(AsyncBrokerClient(self.conn, patient=True).first_offset(self.stream), 90)
+        first = run_sync(
+            AsyncBrokerClient(self.conn, patient=True).first_offset(self.stream), METADATA_CALL_TIMEOUT_S
+        )
         if first > lo:
             self._lose(lo, min(hi, first), "retention removed them before the read reached them")
 
@@ -334,28 +344,30 @@ class RangeReader:
             builder.add(run, run_start, ts)
 
     def _subscribe_waiting(self, deadline: float) -> tuple[RmqsClient, _Bridge]:
-        """Subscribe at `next_offset`, waiting out a restarting broker (never past maxWaitMs)."""
-        backoff: Backoff | None = None
-        while True:
-            try:
-                subscribed = run_sync(self._subscribe(self.next_offset), 60, f"subscribe to '{self.stream}'")
-                self.subscriptions += 1
-                return subscribed
-            except StreamNotFoundError:
-                raise
-            except Exception as e:
-                err = as_transient(e, f"subscribe to '{self.stream}'")
-                if err is None:
-                    raise
-                backoff = backoff or Backoff(deadline=deadline)
-                delay = backoff.next_delay()
-                if delay is None:
-                    raise BrokerUnavailableError(
-                        f"could not resume reading '{self.stream}' at offset {self.next_offset}: the broker "
-                        f"did not come back within {RECOVERY_WINDOW_S:.0f} s (or maxWaitMs) ({err})"
-                    ) from e
-                log.debug("subscribe to '%s' failed (%s); retrying in %.2f s", self.stream, err, delay)
-                time.sleep(delay)
+        """Subscribe at `next_offset`, waiting out a restarting broker (never past maxWaitMs).
+
+        A missing stream (`StreamNotFoundError`) is not transient: it is raised at once.
+        """
+        what = f"subscribe to '{self.stream}'"
+
+        def exhausted(err: BrokerUnavailableError) -> BaseException:
+            return BrokerUnavailableError(
+                f"could not resume reading '{self.stream}' at offset {self.next_offset}: the broker "
+                f"did not come back within {RECOVERY_WINDOW_S:.0f} s (or maxWaitMs) ({err})"
+            )
+
+        def on_retry(err: BrokerUnavailableError, delay: float, attempts: int) -> None:
+            log.debug("subscribe to '%s' failed (%s); retrying in %.2f s", self.stream, err, delay)
+
+        subscribed = retry_sync(
+            what,
+            lambda: run_sync(self._subscribe(self.next_offset), SUBSCRIBE_TIMEOUT_S, what),
+            deadline=deadline,
+            exhausted=exhausted,
+            on_retry=on_retry,
+        )
+        self.subscriptions += 1
+        return subscribed
 
     @property
     def _filtered(self) -> bool:
@@ -363,14 +375,14 @@ class RangeReader:
 
     def _tail(self) -> int:
         aio = AsyncBrokerClient(self.conn, patient=True)
-        return run_sync(aio.tail(self.stream), 90, f"tail of '{self.stream}'")
+        return run_sync(aio.tail(self.stream), METADATA_CALL_TIMEOUT_S, f"tail of '{self.stream}'")
 
     def _nothing_left(self, idle_s: float) -> bool:
         """True when no user message remains in [next_offset, end): the broker has nothing to send."""
         aio = AsyncBrokerClient(self.conn, patient=True)
         tail = self._tail()
         if tail <= self.next_offset:
-            stats = run_sync(aio.stats(self.stream), 90)
+            stats = run_sync(aio.stats(self.stream), METADATA_CALL_TIMEOUT_S)
             # Every offset below `end` is written (tracking entries included): nothing more can come.
             return stats.committed_chunk_id + 1 >= self.end or tail >= self.end
         return False

@@ -34,15 +34,23 @@ from pyspark_rmqs.broker.client import AsyncBrokerClient, parse_version
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
-from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
+from pyspark_rmqs.broker.recovery import (
+    PRODUCER_CLOSE_TIMEOUT_S,
+    RECOVERY_WINDOW_S,
+    ROUTING_CALL_TIMEOUT_S,
+    as_transient,
+    retry_async,
+)
 from pyspark_rmqs.codec import COMPRESSION_CODES
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
+    BrokerUnavailableError,
     ConfigurationError,
     DataError,
     PublishError,
     StreamNotFoundError,
 )
+from pyspark_rmqs.options import SinkOptions
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +114,15 @@ def hash_partition(routing_key: str, partitions: int) -> int:
 class WriteSettings:
     """What a producer needs; built from `SinkOptions`."""
 
+    # Option defaults come from the option table (pyspark_rmqs.options): declared once, there.
     producer_name: str | None = None
-    confirm_timeout_ms: int = 30_000
-    max_in_flight: int = 10_000
-    enqueue_timeout_ms: int = 10_000
-    batch_size: int = 500
-    compression: str = "none"
-    sub_entry_size: int = 1
-    routing_strategy: str = "hash"
+    confirm_timeout_ms: int = SinkOptions.default("publisher_confirm_timeout_ms")
+    max_in_flight: int = SinkOptions.default("max_in_flight")
+    enqueue_timeout_ms: int = SinkOptions.default("enqueue_timeout_ms")
+    batch_size: int = SinkOptions.default("batch_size")
+    compression: str = SinkOptions.default("compression")
+    sub_entry_size: int = SinkOptions.default("sub_entry_size")
+    routing_strategy: str = SinkOptions.default("routing_strategy")
     partitioner_class: str | None = None
     # With a producer name: True continues after the broker's last publishing id (a new batch of
     # data); False numbers messages first_publishing_id, +1, ... per stream, so re-sending the same
@@ -219,27 +228,33 @@ class _Publisher:
                 f"a single confirm in between: {unconfirmed} message(s) unconfirmed"
             )
         log.warning("%s publishing to '%s' (%d unconfirmed); reconnecting", reason, self.stream, unconfirmed)
-        backoff = Backoff()
-        while True:
+
+        async def attach() -> None:
+            assert self.reconnect is not None
             self._detach()
-            try:
-                self.client = await self.reconnect(self.client)
-                self.gone = None
-                await self._attach()
-                break
-            except StreamNotFoundError as e:
-                raise PublishError(
-                    f"stream '{self.stream}' no longer exists: {unconfirmed} message(s) unconfirmed"
-                ) from e
-            except Exception as e:
-                err = as_transient(e, f"publish to '{self.stream}'")
-                delay = backoff.next_delay() if err is not None else None
-                if delay is None:
-                    raise PublishError(
-                        f"{reason} publishing to '{self.stream}' and the broker did not come back within "
-                        f"{RECOVERY_WINDOW_S:.0f} s: {unconfirmed} message(s) unconfirmed ({err or e})"
-                    ) from e
-                await asyncio.sleep(delay)
+            self.client = await self.reconnect(self.client)
+            self.gone = None
+            await self._attach()
+
+        def exhausted(err: BrokerUnavailableError) -> BaseException:
+            return PublishError(
+                f"{reason} publishing to '{self.stream}' and the broker did not come back within "
+                f"{RECOVERY_WINDOW_S:.0f} s: {unconfirmed} message(s) unconfirmed ({err})"
+            )
+
+        try:
+            await retry_async(f"publish to '{self.stream}'", attach, exhausted=exhausted)
+        except StreamNotFoundError as e:
+            raise PublishError(
+                f"stream '{self.stream}' no longer exists: {unconfirmed} message(s) unconfirmed"
+            ) from e
+        except PublishError:
+            raise
+        except Exception as e:  # not transient: fail as a publish error too
+            raise PublishError(
+                f"{reason} publishing to '{self.stream}' and the broker did not come back within "
+                f"{RECOVERY_WINDOW_S:.0f} s: {unconfirmed} message(s) unconfirmed ({e})"
+            ) from e
         self.in_flight = unconfirmed
         try:
             for _, _, frame in list(self.unconfirmed):
@@ -551,7 +566,7 @@ class StreamProducer:
         self.messages = 0
         if superstream:
             aio = AsyncBrokerClient(conn, patient=True)  # executors: the driver reached the broker
-            self._partitions = run_sync(aio.partitions(target), 150, "partitions")
+            self._partitions = run_sync(aio.partitions(target), ROUTING_CALL_TIMEOUT_S, "partitions")
 
     @property
     def partitions(self) -> list[str]:
@@ -574,7 +589,7 @@ class StreamProducer:
             found = self._routes.get(routing_key)
             if found is None:
                 aio = AsyncBrokerClient(self.conn, patient=True)
-                found = run_sync(aio.route(routing_key, self.target), 150, "route")
+                found = run_sync(aio.route(routing_key, self.target), ROUTING_CALL_TIMEOUT_S, "route")
                 self._routes[routing_key] = found
             if not found:
                 raise ConfigurationError(
@@ -630,14 +645,13 @@ class StreamProducer:
             await pub.publish(g.messages, g.filters, self.s, g.rows)
 
     async def _publisher(self, stream: str) -> _Publisher:
-        pub = self._publishers.get(stream)
-        if pub is not None:
-            return pub
-        backoff: Backoff | None = None
-        while True:  # a task may start while the broker restarts: wait for it, as a recovery does
-            client = None
+        known = self._publishers.get(stream)
+        if known is not None:
+            return known
+
+        async def start() -> tuple[RmqsClient, _Publisher]:
+            client = await get_pool().acquire(self.conn, "rmqs-writer")
             try:
-                client = await get_pool().acquire(self.conn, "rmqs-writer")
                 pub = _Publisher(
                     client,
                     stream,
@@ -649,21 +663,19 @@ class StreamProducer:
                     id_limit=self.s.publishing_id_limit,
                 )
                 await pub.start()
-                break
-            except Exception as e:
-                if client is not None:
-                    await get_pool().discard(client)
-                err = as_transient(e, f"publish to '{stream}'")
-                if err is None:
-                    raise
-                backoff = backoff or Backoff()
-                delay = backoff.next_delay()
-                if delay is None:
-                    raise PublishError(
-                        f"could not start publishing to '{stream}': the broker did not come back within "
-                        f"{RECOVERY_WINDOW_S:.0f} s ({err})"
-                    ) from e
-                await asyncio.sleep(delay)
+            except Exception:
+                await get_pool().discard(client)
+                raise
+            return client, pub
+
+        def exhausted(err: BrokerUnavailableError) -> BaseException:
+            return PublishError(
+                f"could not start publishing to '{stream}': the broker did not come back within "
+                f"{RECOVERY_WINDOW_S:.0f} s ({err})"
+            )
+
+        # A task may start while the broker restarts: wait for it, as a recovery does.
+        client, pub = await retry_async(f"publish to '{stream}'", start, exhausted=exhausted)
         self._clients.append(client)
         self._publishers[stream] = pub
         return pub
@@ -702,7 +714,7 @@ class StreamProducer:
     def close(self) -> None:
         """Release the publishers and return their connections to the pool."""
         try:
-            run_sync(self._close(), 60, "close producer")
+            run_sync(self._close(), PRODUCER_CLOSE_TIMEOUT_S, "close producer")
         except Exception:
             log.debug("closing producer failed", exc_info=True)
 
