@@ -20,7 +20,7 @@ from rstream.constants import OffsetType
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
-from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, Backoff, as_transient
+from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, retry_async
 from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
@@ -77,29 +77,22 @@ class AsyncBrokerClient:
         With `timeout_error`, an attempt that timed out is retried even before this process reached
         the broker, and the final error is a `BrokerTimeoutError` (a probe that never answered).
         """
-        backoff: Backoff | None = None
-        while True:
-            try:
-                return await attempt()
-            except Exception as e:
-                err = as_transient(e, what)
-                if err is None:
-                    raise
-                timed_out = timeout_error and isinstance(err, BrokerTimeoutError)
-                if not (self.patient or timed_out or get_pool().reached(self.conn)):
-                    if err is e:
-                        raise
-                    raise err from e
-                backoff = backoff or Backoff()
-                delay = backoff.next_delay()
-                if delay is None:
-                    final = BrokerTimeoutError if timed_out else BrokerUnavailableError
-                    raise final(
-                        f"{what}: the broker did not come back within {RECOVERY_WINDOW_S:.0f} s ({err})"
-                    ) from e
-                if backoff.attempts == 1:
-                    log.warning("%s; retrying for up to %.0f s", err, RECOVERY_WINDOW_S)
-                await asyncio.sleep(delay)
+
+        def retry_if(err: BrokerUnavailableError) -> bool:  # a broker never reached fails at once
+            timed_out = timeout_error and isinstance(err, BrokerTimeoutError)
+            return self.patient or timed_out or get_pool().reached(self.conn)
+
+        def exhausted(err: BrokerUnavailableError) -> BaseException:
+            timed_out = timeout_error and isinstance(err, BrokerTimeoutError)
+            return (BrokerTimeoutError if timed_out else BrokerUnavailableError)(
+                f"{what}: the broker did not come back within {RECOVERY_WINDOW_S:.0f} s ({err})"
+            )
+
+        def on_retry(err: BrokerUnavailableError, delay: float, attempts: int) -> None:
+            if attempts == 1:
+                log.warning("%s; retrying for up to %.0f s", err, RECOVERY_WINDOW_S)
+
+        return await retry_async(what, attempt, retry_if=retry_if, exhausted=exhausted, on_retry=on_retry)
 
     async def _call(self, what: str, coro_fn: Any) -> Any:
         async def once() -> Any:

@@ -5,6 +5,11 @@ few seconds and answers "stream not available" until its streams are back (10-15
 node). Readers, writers and metadata calls that already reached the broker wait for it for up to
 `RECOVERY_WINDOW_S`, then fail loudly. A broker this process never reached fails at once: a wrong
 address or a stopped broker at planning time is for the user to fix, not to wait for.
+
+Every reconnecting path waits through the one loop here, `retry_async` (on the broker loop) or
+`retry_sync` (in a caller's thread): metadata calls (`client.py`), resubscribing readers
+(`reader.py`, never past maxWaitMs), and producers starting or recovering a publisher (`writer.py`).
+The timeouts of the synchronous waits around broker calls are named here too.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import asyncio
 import errno
 import ssl
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from rstream import exceptions as rx
 
 from pyspark_rmqs.errors import BrokerUnavailableError
+
+R = TypeVar("R")
 
 RECOVERY_WINDOW_S = 60.0
 _NETWORK_ERRNOS = {
@@ -81,3 +90,112 @@ class Backoff:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
+
+
+# Timeouts of the synchronous waits (`run_sync`) around broker calls, named by what they bound.
+# A call that may wait out a restart (a patient metadata call, one that retries) must allow the
+# recovery window and then some; a close is short and best effort.
+CLOSE_TIMEOUT_S = 30
+"""Unsubscribe a reader and return its connection."""
+SUBSCRIBE_TIMEOUT_S = 60
+"""One subscription attempt (`retry_sync` waits between attempts, outside it)."""
+PRODUCER_CLOSE_TIMEOUT_S = 60
+"""Delete every publisher of a producer and return its connections."""
+METADATA_CALL_TIMEOUT_S = 90
+"""A patient metadata call from an executor (tail, stats, first offset): the window plus a request."""
+ROUTING_CALL_TIMEOUT_S = 150
+"""A super stream's partitions or a key's route, asked by a producer (patient)."""
+WATERMARKS_TIMEOUT_S = 120
+"""Reading or storing the watermarks (and plans) of a consumer name over all partition streams."""
+
+
+class _Attempts:
+    """The decision between two attempts, shared by `retry_async` and `retry_sync`."""
+
+    def __init__(
+        self,
+        what: str,
+        window: float | None,
+        deadline: float | None,
+        retry_if: Callable[[BrokerUnavailableError], bool] | None,
+        exhausted: Callable[[BrokerUnavailableError], BaseException] | None,
+        on_retry: Callable[[BrokerUnavailableError, float, int], None] | None,
+    ) -> None:
+        self.what = what
+        self.window = window
+        self.deadline = deadline
+        self.retry_if = retry_if
+        self.exhausted = exhausted
+        self.on_retry = on_retry
+        self.backoff: Backoff | None = None  # the window starts at the first failure
+
+    def pause(self, e: Exception) -> float:
+        """The pause before the next attempt after `e`; raises when `e` is final."""
+        err = as_transient(e, self.what)
+        if err is None:
+            raise e
+        if self.retry_if is not None and not self.retry_if(err):
+            if err is e:
+                raise e
+            raise err from e
+        self.backoff = self.backoff or Backoff(self.window, self.deadline)
+        delay = self.backoff.next_delay()
+        if delay is None:
+            window = self.backoff.window_s
+            final = (
+                self.exhausted(err)
+                if self.exhausted is not None
+                else BrokerUnavailableError(
+                    f"{self.what}: the broker did not come back within {window:.0f} s ({err})"
+                )
+            )
+            raise final from e
+        if self.on_retry is not None:
+            self.on_retry(err, delay, self.backoff.attempts)
+        return delay
+
+
+async def retry_async(
+    what: str,
+    attempt: Callable[[], Awaitable[R]],
+    *,
+    window: float | None = None,
+    deadline: float | None = None,
+    retry_if: Callable[[BrokerUnavailableError], bool] | None = None,
+    exhausted: Callable[[BrokerUnavailableError], BaseException] | None = None,
+    on_retry: Callable[[BrokerUnavailableError, float, int], None] | None = None,
+) -> R:
+    """`await attempt()` until it succeeds, waiting out a restarting broker; the one retry loop.
+
+    An error that is not transient (`as_transient`) is raised as it is, at once. A transient one is
+    retried after a `Backoff` pause while the window (from the first failure, default
+    `RECOVERY_WINDOW_S`) and the `deadline` (monotonic) allow, unless `retry_if(err)` says no: then
+    the transient error is raised at once. When the window is spent, `exhausted(err)` is raised
+    (default: `BrokerUnavailableError` naming `what`), chained to the last error. `on_retry(err,
+    pause, attempts)` is told before each pause. Cleanup after a failed attempt belongs in `attempt`.
+    """
+    attempts = _Attempts(what, window, deadline, retry_if, exhausted, on_retry)
+    while True:
+        try:
+            return await attempt()
+        except Exception as e:
+            await asyncio.sleep(attempts.pause(e))
+
+
+def retry_sync(
+    what: str,
+    attempt: Callable[[], R],
+    *,
+    window: float | None = None,
+    deadline: float | None = None,
+    retry_if: Callable[[BrokerUnavailableError], bool] | None = None,
+    exhausted: Callable[[BrokerUnavailableError], BaseException] | None = None,
+    on_retry: Callable[[BrokerUnavailableError, float, int], None] | None = None,
+) -> R:
+    """`retry_async` for a thread that is not the broker loop's (it sleeps in this thread)."""
+    attempts = _Attempts(what, window, deadline, retry_if, exhausted, on_retry)
+    while True:
+        try:
+            return attempt()
+        except Exception as e:
+            time.sleep(attempts.pause(e))
