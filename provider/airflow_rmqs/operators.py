@@ -94,6 +94,10 @@ def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
     return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None
 
 
+def _is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 class _StreamOperator(BaseOperator):
     """A stream or super stream on an rmqs connection; lineage of what the run read or wrote."""
 
@@ -208,14 +212,22 @@ class _SparkOperator(_StreamOperator):
             master=master, conf=self.spark_conf, remote=remote, app=self.spark_app_name
         )
         self._job_tag = f"rmqs-{self.task_id}-{uuid.uuid4().hex[:8]}".replace(".", "-")
-        spark.addTag(self._job_tag)
+        # Spark Connect tags the session's operations; a local driver tags this thread's jobs
+        # (SparkContext job tags: the session's interruptTag does not reach Dataset actions there).
+        if _is_connect(spark):
+            spark.addTag(self._job_tag)
+        else:
+            spark.sparkContext.addJobTag(self._job_tag)
         self._spark = spark
         return spark
 
     def _untag(self) -> None:
         if self._spark is not None and self._job_tag is not None:
             try:
-                self._spark.removeTag(self._job_tag)
+                if _is_connect(self._spark):
+                    self._spark.removeTag(self._job_tag)
+                else:
+                    self._spark.sparkContext.removeJobTag(self._job_tag)
             except Exception:
                 self.log.debug("removing the job tag failed", exc_info=True)
 
@@ -229,7 +241,10 @@ class _SparkOperator(_StreamOperator):
                 self.log.warning("rmqs: stopping the streaming query failed", exc_info=True)
         if self._spark is not None and self._job_tag is not None:
             try:
-                interrupted = self._spark.interruptTag(self._job_tag)
+                if _is_connect(self._spark):
+                    interrupted = self._spark.interruptTag(self._job_tag)
+                else:
+                    interrupted = self._spark.sparkContext.cancelJobsWithTag(self._job_tag)
                 self.log.info("rmqs: interrupted Spark operations %s (tag %s)", interrupted, self._job_tag)
             except Exception:
                 self.log.warning("rmqs: interrupting the Spark jobs failed", exc_info=True)
