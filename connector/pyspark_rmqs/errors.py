@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 
 log = logging.getLogger("pyspark_rmqs.planning")
 
@@ -88,6 +89,29 @@ def report_data_loss(fail: bool, message: str) -> None:
     log.warning("data loss (failOnDataLoss=false): %s", message)
 
 
+class CommitState(StrEnum):
+    """Where a run failed relative to its commit (exactly-once delivery, `delivery.py`).
+
+    BEFORE: nothing was committed; a retry does the whole run again (safe). UNKNOWN: the failure hit
+    while committing; the commit record answers whether it happened (a retry checks it first).
+    COMMITTED: the output is committed; a retry only stores the watermark, it never writes again.
+    """
+
+    BEFORE = "before_commit"
+    UNKNOWN = "commit_unknown"
+    COMMITTED = "committed"
+
+
+def mark_commit_state(exc: BaseException, state: CommitState) -> BaseException:
+    """Note on `exc` where the run failed (read back by `classify`); the first mark wins."""
+    if getattr(exc, "commit_state", None) is None:
+        try:
+            exc.commit_state = state.value  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type with __slots__: nothing to note
+            pass
+    return exc
+
+
 @dataclass(frozen=True)
 class Classified:
     """What an orchestrator needs to know of a failure: retry it or not, and what the user reads."""
@@ -95,6 +119,7 @@ class Classified:
     retryable: bool
     message: str
     error: str | None  # the rmqs error class name, when the failure is (or wraps) one
+    commit_state: str | None = None  # a CommitState value, for runs with exactly-once delivery
 
 
 def _error_classes() -> dict[str, type[RmqsError]]:
@@ -115,12 +140,13 @@ def classify(exc: BaseException) -> Classified:
     their text: that line decides, and becomes the message. Anything else is retryable (a network
     blip, a Spark executor lost): the orchestrator's retry policy applies.
     """
+    state = getattr(exc, "commit_state", None)
     if isinstance(exc, RmqsError):
-        return Classified(exc.retryable, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+        return Classified(exc.retryable, f"{type(exc).__name__}: {exc}", type(exc).__name__, state)
     classes = _error_classes()
     for line in str(exc).splitlines():
         for name, cls in classes.items():
             marker = f"{name}: "
             if marker in line and ("pyspark_rmqs" in line or line.lstrip().startswith(marker)):
-                return Classified(cls.retryable, line[line.index(marker) :].strip()[:2000], name)
-    return Classified(True, f"{type(exc).__name__}: {exc}", None)
+                return Classified(cls.retryable, line[line.index(marker) :].strip()[:2000], name, state)
+    return Classified(True, f"{type(exc).__name__}: {exc}", None, state)

@@ -19,17 +19,26 @@ pyspark is imported only inside the Spark-running functions: planning is metadat
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import ConfigurationError, lost_message, report_data_loss
+from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery
+from pyspark_rmqs.errors import (
+    CommitState,
+    ConfigurationError,
+    lost_message,
+    mark_commit_state,
+    report_data_loss,
+)
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.planning import Bounds, Position, resolve_positions
 from pyspark_rmqs.watermarks import (
@@ -79,7 +88,12 @@ class ReadPlan:
 
 @dataclass
 class RunSummary:
-    """What a run did; JSON-friendly (XCom, Dagster metadata). No connection details, no secrets."""
+    """What a run did; JSON-friendly (XCom, Dagster metadata). No connection details, no secrets.
+
+    The standard run metrics are measured where the run can measure them and None where it cannot
+    (a Spark read's fetch and decode time is spent in executors): never estimated. `rows` and
+    `bytes` are kept as the names earlier releases used for `records_read` and `bytes_read`.
+    """
 
     target: str
     start_offsets: dict[str, int]
@@ -89,11 +103,32 @@ class RunSummary:
     seconds: float = 0.0
     lag_after: int | None = None
     watermark_stored: bool = False
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    pipeline: str | None = None  # the DAG/task or asset key that ran it
+    token: str | None = None  # the run's range token (exactly-once commits)
+    delivery: str = "at_least_once"
+    records_written: int | None = None
+    bytes_written: int | None = None
+    batches: int | None = None
+    retry_count: int = 0
+    fetch_ms: float | None = None
+    decode_ms: float | None = None
+    flush_ms: float | None = None
+    commit_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records_read(self) -> int | None:
+        return self.rows
+
+    @property
+    def bytes_read(self) -> int | None:
+        return self.bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(d.pop("extra"))
+        d["records_read"], d["bytes_read"] = self.rows, self.bytes
         return d
 
 
@@ -197,22 +232,46 @@ def read_dataframe(spark: SparkSession, conn: ConnectionOptions, plan: ReadPlan,
     return spark.read.format("rabbitmq_streams").options(**read_options(conn, plan, **extra)).load()
 
 
+@dataclass(frozen=True)
+class FileOutput:
+    """A file sink rmqs writes (`df.write.format(fmt)...save(path)`), exactly-once by default.
+
+    With `delivery="exactly_once"` (and `mode="append"`) a run's files are staged, published and
+    committed under its range token (`delivery.py`): a retry of a committed range writes nothing
+    again. `delivery="at_least_once"` (or `mode="overwrite"`) writes straight to `path`.
+    """
+
+    path: str
+    fmt: str = "parquet"
+    mode: str = "append"
+    options: Mapping[str, str] | None = None
+    partition_by: list[str] | None = None
+    delivery: str = "exactly_once"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery == "exactly_once" and self.mode == "append"
+
+    def write_to(self, df: DataFrame, path: str, mode: str) -> None:
+        w = df.write.format(self.fmt).mode(mode).options(**dict(self.options or {}))
+        if self.partition_by:
+            w = w.partitionBy(*self.partition_by)
+        w.save(path)
+
+    def __call__(self, df: DataFrame) -> None:
+        self.write_to(df, self.path, self.mode)
+
+
 def write_output(
     path: str,
     fmt: str = "parquet",
     mode: str = "append",
     options: Mapping[str, str] | None = None,
     partition_by: list[str] | None = None,
-) -> Callable[[DataFrame], None]:
-    """A sink writing the DataFrame to files (`df.write.format(fmt).mode(mode).save(path)`)."""
-
-    def sink(df: DataFrame) -> None:
-        w = df.write.format(fmt).mode(mode).options(**dict(options or {}))
-        if partition_by:
-            w = w.partitionBy(*partition_by)
-        w.save(path)
-
-    return sink
+    delivery: str = "exactly_once",
+) -> FileOutput:
+    """A sink writing the DataFrame to files; exactly-once per range unless `delivery="at_least_once"`."""
+    return FileOutput(path, fmt, mode, options, partition_by, check_delivery(delivery))
 
 
 def _observe(df: DataFrame) -> tuple[DataFrame, Any]:
@@ -241,25 +300,53 @@ def run_read(
     spark: SparkSession,
     conn: ConnectionOptions,
     plan: ReadPlan,
-    sink: Callable[[DataFrame], Any],
+    sink: Callable[..., Any],
     *,
     store_watermark: bool = True,
     metadata_fields: str | None = None,
+    pipeline: str | None = None,
+    retry_count: int = 0,
 ) -> RunSummary:
-    """Read `plan` into `sink`; then, and only then, store the watermarks of `plan.consumer`."""
+    """Read `plan` into `sink`; then, and only then, store the watermarks of `plan.consumer`.
+
+    A `FileOutput` sink with exactly-once delivery is committed under the run's token before the
+    watermark is stored (`delivery.py`); any other sink is called with the DataFrame, and with
+    `token=` too when it takes that keyword (so it can make its own writes idempotent). A failure
+    carries its `commit_state` (`errors.CommitState`).
+    """
     t0 = time.monotonic()
-    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0)
+    token = RunToken(plan.consumer, plan.ranges)
+    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
+    summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
+    exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
+    summary.delivery = "exactly_once" if exactly_once else "at_least_once"
     if not plan.is_empty:
         extra = {} if metadata_fields is None else {"metadataFields": metadata_fields}
-        df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
-        sink(df)
-        counts = _observed(obs)
-        summary.rows = counts["rows"] if counts else None
-        summary.bytes = counts["bytes"] if counts else None
+        if exactly_once:
+            assert isinstance(sink, FileOutput)
+            _commit_files(spark, conn, plan, sink, token, summary, extra)
+        else:
+            try:
+                df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+                t_sink = time.monotonic()
+                _call_sink(sink, df, token)
+                summary.flush_ms = _ms_since(t_sink)
+            except BaseException as e:
+                raise mark_commit_state(e, CommitState.BEFORE) from None
+            _count(summary, _observed(obs))
+            summary.records_written = summary.rows
+            summary.batches = 1
         if not plan.fail_on_data_loss:
             summary.extra["data_loss"] = _retention_during(conn, plan)
     if store_watermark and plan.consumer and not plan.is_empty:
-        store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+        t_store = time.monotonic()
+        try:
+            store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+        except BaseException as e:
+            if exactly_once:
+                mark_commit_state(e, CommitState.COMMITTED)
+            raise
+        summary.commit_ms = round((summary.commit_ms or 0.0) + _ms_since(t_store), 3)
         summary.watermark_stored = True
     if plan.resumed:
         summary.extra["resumed_plan"] = True
@@ -269,6 +356,71 @@ def run_read(
     summary.seconds = round(time.monotonic() - t0, 3)
     log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict()))
     return summary
+
+
+def _commit_files(
+    spark: SparkSession,
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    sink: FileOutput,
+    token: RunToken,
+    summary: RunSummary,
+    extra: Mapping[str, str],
+) -> None:
+    """Stage, publish and commit the run's files under its token; skip what an earlier attempt committed."""
+    commits = FileCommits(sink.path)
+    record = commits.record(token)
+    if record is not None:
+        log.info(
+            "range %s was committed by an earlier attempt (%s): not written again", plan.ranges, token.value
+        )
+        summary.rows, summary.bytes, summary.records_written = record.rows, record.bytes, 0
+        summary.extra["sink_skipped"] = True
+        return
+    try:
+        files = commits.published_files(token)  # published, then the attempt died before its record
+        if files is None:
+            stage = commits.begin(token)
+            df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+            t_sink = time.monotonic()
+            sink.write_to(df, str(stage), "overwrite")
+            summary.flush_ms = _ms_since(t_sink)
+            _count(summary, _observed(obs))
+            summary.records_written = summary.rows
+            summary.batches = 1
+            files = commits.publish(token)
+        else:
+            summary.rows = summary.bytes = summary.records_written = None
+    except BaseException as e:
+        raise mark_commit_state(e, CommitState.BEFORE) from None
+    t_commit = time.monotonic()
+    try:
+        commits.commit(token, files, summary.rows, summary.bytes)
+    except BaseException as e:
+        raise mark_commit_state(e, CommitState.UNKNOWN) from None
+    summary.commit_ms = _ms_since(t_commit)
+    summary.bytes_written = sum((commits.root / f).stat().st_size for f in files)
+    summary.extra["files"] = len(files)
+
+
+def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:
+    """`sink(df, token=...)` when the sink takes a `token` keyword, else `sink(df)`."""
+    try:
+        params = inspect.signature(sink).parameters
+    except (TypeError, ValueError):
+        return sink(df)
+    if "token" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return sink(df, token=token)
+    return sink(df)
+
+
+def _count(summary: RunSummary, counts: dict[str, int] | None) -> None:
+    summary.rows = counts["rows"] if counts else None
+    summary.bytes = counts["bytes"] if counts else None
+
+
+def _ms_since(t: float) -> float:
+    return round((time.monotonic() - t) * 1000, 3)
 
 
 def _retention_during(conn: ConnectionOptions, plan: ReadPlan) -> dict[str, list[int]]:

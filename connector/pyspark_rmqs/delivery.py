@@ -1,0 +1,198 @@
+"""Exactly-once into files rmqs writes: range-keyed staging, an atomic publish, a commit record last.
+
+The watermark protocol alone is at-least-once: a run that dies after its sink wrote but before the
+watermark was stored writes the same range again on retry. For outputs rmqs writes itself, a run's
+**token** is its planned range per partition stream plus the consumer name (the recorded plan makes
+a retry's range, and so its token, the same). A run
+
+1. writes its files to `<output>/_rmqs_staging/<token>/` (a `_` folder: Spark and pyarrow ignore it),
+2. publishes them by renaming that folder to `<output>/rmqs_run=<token>/` (one atomic rename on a
+   local or POSIX file system: readers see all of the run's files or none). The folder is named like
+   a Hive partition, so `spark.read.parquet(output)` and pyarrow datasets read every run's files and
+   show the run's token as a column `rmqs_run` (Spark reads no other subfolders without
+   `recursiveFileLookup`); `partition_by` folders sit below it (`rmqs_run=<token>/col=value/`).
+3. writes the commit record `<output>/_rmqs_commits/<token>.json` (token, ranges, files, rows) last,
+4. and only then stores the watermark.
+
+A retry that finds the commit record skips the sink and only stores the watermark; one that finds
+the published folder without a record (it died between 2 and 3) writes the record; one that finds
+only a staging folder writes the range again. Every offset appears exactly once in the output.
+
+An exactly-once output folder holds rmqs runs only: files written there at-least-once (directly in
+the folder) would give Spark two directory layouts to reconcile. Use a new folder when switching.
+
+Where a failure happened is part of the error (`commit_state`, see `errors.CommitState`): before
+the commit (safe to retry), with the commit outcome unknown (the record answers), or after it (only
+the watermark is left to store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark_rmqs.errors import ConfigurationError
+
+STAGING = "_rmqs_staging"
+COMMITS = "_rmqs_commits"
+RUN_COLUMN = "rmqs_run"
+DELIVERY_MODES = ("exactly_once", "at_least_once")
+
+
+def check_delivery(delivery: str) -> str:
+    if delivery not in DELIVERY_MODES:
+        raise ConfigurationError(f"delivery must be one of {', '.join(DELIVERY_MODES)}; got {delivery!r}")
+    return delivery
+
+
+@dataclass(frozen=True)
+class RunToken:
+    """A run's identity for commits: its consumer and planned ranges. The same range, the same token."""
+
+    consumer: str | None
+    ranges: Mapping[str, tuple[int, int]]
+
+    @property
+    def value(self) -> str:
+        text = json.dumps(
+            {"consumer": self.consumer, "ranges": {s: list(r) for s, r in sorted(self.ranges.items())}},
+            sort_keys=True,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token": self.value,
+            "consumer": self.consumer,
+            "ranges": {s: list(r) for s, r in self.ranges.items()},
+        }
+
+
+@dataclass
+class CommitRecord:
+    """What a committed run wrote: read back by a retry of the same range instead of writing again."""
+
+    token: str
+    consumer: str | None
+    ranges: dict[str, list[int]]
+    files: list[str]
+    rows: int | None
+    bytes: int | None
+    committed_at: float = field(default_factory=time.time)
+
+
+def local_path(output: str) -> Path | None:
+    """The local folder of `output` (a path or a `file:` URI); None for other file systems."""
+    if output.startswith("file://"):
+        return Path(output[len("file://") :])
+    if output.startswith("file:"):
+        return Path(output[len("file:") :])
+    if "://" in output:
+        return None
+    return Path(output)
+
+
+class FileCommits:
+    """The staging folder, published folder and commit record of runs writing under `output`."""
+
+    def __init__(self, output: str) -> None:
+        root = local_path(output)
+        if root is None:
+            raise ConfigurationError(
+                f"exactly-once delivery into '{output}' needs a local or mounted file system path; "
+                "use delivery='at_least_once' for other file systems (or a table format whose commit "
+                "takes the run's token)"
+            )
+        self.root = root
+
+    def staging(self, token: RunToken) -> Path:
+        return self.root / STAGING / token.value
+
+    def published(self, token: RunToken) -> Path:
+        return self.root / f"{RUN_COLUMN}={token.value}"
+
+    def record_path(self, token: RunToken) -> Path:
+        return self.root / COMMITS / f"{token.value}.json"
+
+    def record(self, token: RunToken) -> CommitRecord | None:
+        """The commit record of `token`, if the run committed."""
+        path = self.record_path(token)
+        if not path.exists():
+            return None
+        return CommitRecord(**json.loads(path.read_text()))
+
+    def begin(self, token: RunToken) -> Path:
+        """A clean staging folder for `token` (a failed attempt's leftovers are removed)."""
+        stage = self.staging(token)
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.parent.mkdir(parents=True, exist_ok=True)
+        return stage
+
+    def publish(self, token: RunToken) -> list[str]:
+        """Rename the staged folder into the output in one step; returns the data files (relative paths).
+
+        Spark's marker files (`_SUCCESS`, `.crc`) are dropped first. A published folder of this token
+        left by an attempt that died before its record is replaced (it held the same range).
+        """
+        stage = self.staging(token)
+        for p in list(stage.rglob("*")):
+            if p.is_file() and _hidden(p.relative_to(stage)):
+                p.unlink()
+        final = self.published(token)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(stage, final)
+        _fsync_dir(self.root)
+        files = self.published_files(token)
+        assert files is not None
+        return files
+
+    def published_files(self, token: RunToken) -> list[str] | None:
+        """The files an unpartitioned run published (None when its folder is not there)."""
+        final = self.published(token)
+        if not final.is_dir():
+            return None
+        return sorted(str(p.relative_to(self.root)) for p in final.rglob("*") if p.is_file())
+
+    def commit(self, token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
+        """Write the commit record (atomically: a temporary file renamed into place)."""
+        info = token.to_dict()
+        record = CommitRecord(info["token"], token.consumer, info["ranges"], files, rows, size)
+        path = self.record_path(token)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(record), indent=1))
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        self._tidy()
+        return record
+
+    def _tidy(self) -> None:
+        staging = self.root / STAGING
+        if staging.is_dir() and not any(staging.iterdir()):
+            staging.rmdir()
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith(("_", ".")) for part in rel.parts)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
