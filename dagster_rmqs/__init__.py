@@ -1,11 +1,19 @@
-"""Dagster integration of rmqs: read RabbitMQ Streams with Spark as assets, under the watermark protocol.
+"""Dagster integration of rmqs: read RabbitMQ Streams as assets, under the watermark protocol.
 
-Resources `RabbitMQStreamsResource` (key `rabbitmq`) and `SparkSessionResource` (key `spark`);
-factories `build_stream_asset`, `build_new_data_sensor`, `build_lag_check`,
-`build_observation_sensor`; offset-range partitions (`offset_range_partitions` and key helpers).
+Resources `RabbitMQStreamsResource` (default key `rabbitmq`) and `SparkSessionResource` (default
+key `spark`; any SparkSession or resource exposing one works too); factories `build_stream_asset`
+(watermark runs, AvailableNow drains, offset-range or time-window partitions; Spark or Arrow
+engine), `build_new_data_sensor`, `build_lag_check`, `build_observation_sensor`; offset-range
+partitions (`offset_range_partitions` and key helpers); the YAML component `RabbitMQStreamComponent`.
 """
 
-from dagster_rmqs.assets import StreamTarget, build_stream_asset, stream_asset_spec, stream_target
+from dagster_rmqs.assets import (
+    StreamTarget,
+    build_stream_asset,
+    consumer_pool,
+    stream_asset_spec,
+    stream_target,
+)
 from dagster_rmqs.checks import build_lag_check
 from dagster_rmqs.partitions import (
     OffsetRange,
@@ -28,6 +36,7 @@ __all__ = [
     "build_new_data_sensor",
     "build_observation_sensor",
     "build_stream_asset",
+    "consumer_pool",
     "evaluate_new_data",
     "merge_offset_ranges",
     "offset_range_key",

@@ -15,7 +15,7 @@ from dagster import (
     asset_check,
 )
 
-from dagster_rmqs.assets import stream_target
+from dagster_rmqs.targets import stream_target
 from pyspark_rmqs.errors import ConfigurationError
 
 
@@ -26,22 +26,27 @@ def build_lag_check(
     name: str = "consumer_lag",
     blocking: bool = True,
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR,
+    rabbitmq_key: str | None = None,
 ) -> AssetChecksDefinition:
-    """Fails when the consumer lag of `asset` (from `build_stream_asset`) is above `max_lag`."""
+    """Fails when the consumer lag of `asset` (from `build_stream_asset`) is above `max_lag`.
+
+    The broker is the asset's resource key (`rabbitmq` unless the asset names another) or `rabbitmq_key`.
+    """
     if max_lag < 0:
         raise ConfigurationError(f"max_lag must be >= 0; got {max_lag}")
     target = stream_target(asset)
+    key = rabbitmq_key or target.rabbitmq_key
     consumer = target.require_consumer(asset.key.to_user_string())
 
     @asset_check(
         asset=asset.key,
         name=name,
         blocking=blocking,
-        required_resource_keys={"rabbitmq"},
+        required_resource_keys={key},
         description=f"Consumer '{consumer}' lags at most {max_lag} message(s) on '{target.name}'",
     )
     def _lag_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        w = context.resources.rabbitmq.watermarks(consumer, **target.kw)
+        w = getattr(context.resources, key).watermarks(consumer, **target.kw)
         passed = w.total_lag <= max_lag
         return AssetCheckResult(
             passed=passed,

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from pyspark_rmqs.redact import redact_option
 from pyspark_rmqs.watermarks import Watermarks, awatermarks, store_watermarks
@@ -130,7 +131,8 @@ class SparkSessionResource(ConfigurableResource):
     """A SparkSession: local (`master`) by default, Spark Connect when `remote` is set.
 
     The session is got-or-created and never stopped here: it is shared by the runs of a process.
-    To use a session of your own, pass it directly under the `spark` key instead of this resource.
+    To use a session of your own, pass it directly under the Spark resource key instead (or any
+    resource exposing `get_session()` or `spark_session`, e.g. `dagster_pyspark.PySparkResource`).
     """
 
     master: str = Field(default="local[2]", description="Spark master of a local session.")
@@ -148,6 +150,22 @@ class SparkSessionResource(ConfigurableResource):
 
 
 def session_of(spark: Any) -> "SparkSession":
-    """The session behind the `spark` resource: a SparkSessionResource or a user's own session."""
+    """The session behind a Spark resource, whatever its kind.
+
+    Accepted: a SparkSession (classic or Spark Connect) given directly; `SparkSessionResource`, or
+    any resource with a `get_session()` method; any resource with a `spark_session` attribute or
+    property (`dagster_pyspark.PySparkResource`, without depending on dagster-pyspark).
+    """
     get = getattr(spark, "get_session", None)
-    return get() if callable(get) else spark
+    if callable(get):
+        return get()
+    if type(spark).__name__ != "SparkSession":
+        session = getattr(spark, "spark_session", None)
+        if session is not None:
+            return session() if callable(session) else session
+    if not hasattr(spark, "read"):
+        raise ConfigurationError(
+            f"the Spark resource is a {type(spark).__name__}: give a SparkSession, a SparkSessionResource, "
+            "or a resource with get_session() or spark_session (such as dagster_pyspark.PySparkResource)"
+        )
+    return spark

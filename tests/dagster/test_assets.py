@@ -62,7 +62,7 @@ def test_materialize_drains_exactly_the_published_rows_then_nothing(
     resources = {"rabbitmq": rabbitmq, "spark": SparkSessionResource(spark_conf=SHUFFLE)}
 
     first = meta(materialize([asset], resources=resources), "events")
-    assert (first["rows"], first["bytes"], first["lag_after"]) == (60, sum(map(len, bodies)), 0)
+    assert (first["dagster/row_count"], first["bytes"], first["lag_after"]) == (60, sum(map(len, bodies)), 0)
     assert (first["start_offsets"], first["end_offsets"]) == ({s: 0}, {s: 60})
     assert first["stream_uri"] == f"rabbitmq-stream://{broker.host}:{broker.port}/%2F/{s}"
     assert first["watermark_stored"] is True and first["seconds"] > 0
@@ -70,7 +70,11 @@ def test_materialize_drains_exactly_the_published_rows_then_nothing(
     assert rabbitmq.stored_offsets("dg", stream=s) == {s: 59}
 
     second = meta(materialize([asset], resources=resources), "events")
-    assert (second["rows"], second["start_offsets"], second["end_offsets"]) == (0, {s: 60}, {s: 60})
+    assert (second["dagster/row_count"], second["start_offsets"], second["end_offsets"]) == (
+        0,
+        {s: 60},
+        {s: 60},
+    )
     assert values(spark, out) == sorted(bodies)
     assert rabbitmq.stored_offsets("dg", stream=s) == {s: 59}
 
@@ -103,7 +107,7 @@ def test_a_failed_write_keeps_the_watermark_and_the_retry_writes_the_same_rows(
     # The retry read the recorded plan, not the 25 messages that arrived after it.
     assert values(spark, tmp_path / "attempt1") == values(spark, tmp_path / "attempt2")
     assert values(spark, tmp_path / "attempt2") == sorted(f"r{i}".encode() for i in range(40))
-    assert meta(result, "flaky")["rows"] == 40
+    assert meta(result, "flaky")["dagster/row_count"] == 40
     assert rabbitmq.stored_offsets("dgr", stream=s) == {s: 39}
 
 
@@ -149,7 +153,11 @@ def test_offset_range_partitions_read_exactly_their_ranges_in_one_job(
     resources = {"rabbitmq": rabbitmq, "spark": spark}
 
     one = meta(materialize([asset], instance=instance, resources=resources, partition_key=k1), "ranged")
-    assert (one["rows"], one["start_offsets"], one["end_offsets"]) == (15, {parts[1]: 5}, {parts[1]: 20})
+    assert (one["dagster/row_count"], one["start_offsets"], one["end_offsets"]) == (
+        15,
+        {parts[1]: 5},
+        {parts[1]: 20},
+    )
     assert values(spark, out) == sorted(f"b{i}".encode() for i in range(5, 20))
 
     # A single-run backfill of two keys (k0b..k1): one plan, one Spark job, exactly those ranges.
@@ -158,7 +166,7 @@ def test_offset_range_partitions_read_exactly_their_ranges_in_one_job(
     mats = result.asset_materializations_for_node("ranged")
     assert sorted(str(m.partition) for m in mats) == sorted([k0b, k1])
     two = {k: v.value for k, v in mats[0].metadata.items()}
-    assert (two["rows"], two["spark_reads"], two["partition_keys"]) == (30, 1, sorted([k0b, k1]))
+    assert (two["dagster/row_count"], two["spark_reads"], two["partition_keys"]) == (30, 1, sorted([k0b, k1]))
     assert two["start_offsets"] == {parts[0]: 25, parts[1]: 5}
     assert two["end_offsets"] == {parts[0]: 40, parts[1]: 20}
     expected = [f"a{i}".encode() for i in range(25, 40)] + [f"b{i}".encode() for i in range(5, 20)] * 2
@@ -204,7 +212,7 @@ def test_lag_check_fails_when_behind_blocks_downstream_and_passes_after_a_drain(
     assert (evaluation.metadata["total_lag"].value, evaluation.metadata["lag"].value) == (25, {s: 25})
 
     blocked = materialize([capped, check, downstream], resources=resources, raise_on_error=False)
-    assert meta(blocked, "lagging")["rows"] == 5  # read, but still 20 behind
+    assert meta(blocked, "lagging")["dagster/row_count"] == 5  # read, but still 20 behind
     (evaluation,) = blocked.get_asset_check_evaluations()
     assert not evaluation.passed and evaluation.metadata["total_lag"].value == 20
     assert not blocked.asset_materializations_for_node("downstream")  # the blocking check held it back
@@ -212,7 +220,7 @@ def test_lag_check_fails_when_behind_blocks_downstream_and_passes_after_a_drain(
     drained = materialize([full, build_lag_check(full, max_lag=10)], resources=resources)
     (evaluation,) = drained.get_asset_check_evaluations()
     assert evaluation.passed and evaluation.metadata["total_lag"].value == 0
-    assert meta(drained, "lagging")["rows"] == 20
+    assert meta(drained, "lagging")["dagster/row_count"] == 20
 
 
 def test_available_now_mode_drains_with_a_checkpoint(
@@ -235,6 +243,6 @@ def test_available_now_mode_drains_with_a_checkpoint(
         checkpoint_location=str(tmp_path / "checkpoint"),
     )
     m = meta(materialize([asset], resources={"rabbitmq": rabbitmq, "spark": spark}), "drained")
-    assert (m["rows"], m["end_offsets"], m["lag_after"]) == (50, {s: 50}, 0)
+    assert (m["dagster/row_count"], m["end_offsets"], m["lag_after"]) == (50, {s: 50}, 0)
     assert values(spark, out) == sorted(bodies)
     assert rabbitmq.stored_offsets("dgd", stream=s) == {s: 49}

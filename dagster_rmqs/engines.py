@@ -1,0 +1,152 @@
+"""How a stream asset reads a planned range: with Spark, or with Arrow batches and no Spark.
+
+Both engines run the same watermark protocol (DESIGN §4): the plan is fixed by `jobs.plan_read`,
+the rows reach the output, and only then (for a watermark run) the watermark is stored, checked
+against concurrent runs. `SparkEngine` uses `jobs.run_read` with a DataFrame sink; `ArrowEngine`
+uses the Spark-free core `pyspark_rmqs.consume.run_consume` (one Parquet file per partition stream
+and range, or a function per `pyarrow.RecordBatch`) and never imports pyspark.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from dagster import AssetExecutionContext
+
+from dagster_rmqs.resources import session_of
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary
+from pyspark_rmqs.options import ConnectionOptions
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+EngineName = Literal["spark", "arrow"]
+ENGINES: tuple[EngineName, ...] = ("spark", "arrow")
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the rows go: files under `path`, or a `sink` function (engine-specific argument)."""
+
+    path: str | None = None
+    format: str = "parquet"
+    mode: str = "append"
+    options: Mapping[str, str] = field(default_factory=dict)
+    partition_by: Sequence[str] = ()
+    sink: Callable[[Any], Any] | None = None
+
+    @property
+    def uri(self) -> str | None:
+        return self.path
+
+
+class Engine(Protocol):
+    @property
+    def name(self) -> EngineName: ...
+
+    @property
+    def output(self) -> Output: ...
+
+    def read(
+        self,
+        context: AssetExecutionContext,
+        conn: ConnectionOptions,
+        plan: ReadPlan,
+        *,
+        store_watermark: bool,
+    ) -> RunSummary: ...
+
+
+@dataclass(frozen=True)
+class SparkEngine:
+    """`jobs.run_read`: one Spark job reading `[start, end)`; the sink takes the DataFrame."""
+
+    output: Output
+    spark_key: str = "spark"
+    metadata_fields: str | None = None
+    name: EngineName = "spark"
+
+    def writer(self) -> "Callable[[DataFrame], Any]":
+        if self.output.sink is not None:
+            return self.output.sink
+        from pyspark_rmqs.jobs import write_output
+
+        o = self.output
+        return write_output(str(o.path), o.format, o.mode, dict(o.options), list(o.partition_by) or None)
+
+    def read(
+        self,
+        context: AssetExecutionContext,
+        conn: ConnectionOptions,
+        plan: ReadPlan,
+        *,
+        store_watermark: bool,
+    ) -> RunSummary:
+        from pyspark_rmqs.jobs import run_read
+
+        # Nothing to read: no session (run_read touches Spark only for a non-empty plan).
+        spark: Any = None if plan.is_empty else session_of(getattr(context.resources, self.spark_key))
+        return run_read(
+            spark,
+            conn,
+            plan,
+            self.writer(),
+            store_watermark=store_watermark,
+            metadata_fields=self.metadata_fields,
+        )
+
+
+@dataclass(frozen=True)
+class ArrowEngine:
+    """`consume.run_consume`: Arrow batches, no Spark; Parquet files per range or a batch function."""
+
+    output: Output
+    metadata_fields: str | None = None
+    source_options: Mapping[str, str] = field(default_factory=dict)
+    name: EngineName = "arrow"
+
+    def read(
+        self,
+        context: AssetExecutionContext,
+        conn: ConnectionOptions,
+        plan: ReadPlan,
+        *,
+        store_watermark: bool,
+    ) -> RunSummary:
+        from pyspark_rmqs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
+
+        sink: Any = self.output.sink if self.output.sink is not None else ParquetSink(str(self.output.path))
+        return run_consume(
+            conn,
+            plan,
+            sink,
+            store_watermark=store_watermark,
+            metadata_fields=self.metadata_fields,
+            source_options=dict(self.source_options),
+        )
+
+
+def make_engine(
+    engine: str,
+    output: Output,
+    *,
+    spark_key: str,
+    metadata_fields: str | None,
+    source_options: Mapping[str, str] | None,
+) -> Engine:
+    if engine == "spark":
+        return SparkEngine(output, spark_key, metadata_fields)
+    if engine == "arrow":
+        if output.sink is None and output.format != "parquet":
+            raise ConfigurationError(
+                f"engine='arrow' writes Parquet (one file per partition stream and range); "
+                f"got output_format={output.format!r}: use engine='spark' or a sink function"
+            )
+        if output.partition_by or output.mode != "append" or output.options:
+            raise ConfigurationError(
+                "engine='arrow' names its files by range (a retried range replaces its file): "
+                "output_mode, output_options and partition_by are for engine='spark'"
+            )
+        return ArrowEngine(output, metadata_fields, dict(source_options or {}))
+    raise ConfigurationError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")

@@ -1,0 +1,327 @@
+"""One small factory per way a stream asset reads; `build_stream_asset` picks one.
+
+- `watermark_asset`: `[watermark + 1, tail)`, then the watermark moves (the default).
+- `drain_asset`: the same drain as a Structured Streaming query with `Trigger.AvailableNow`.
+- `offset_range_asset`: dynamic partitions whose keys are offset ranges; the watermark stays.
+- `time_window_asset`: any `TimeWindowPartitionsDefinition`; a window reads the messages whose
+  chunk timestamp falls in it, `[offset at start, offset at end)`; the watermark stays.
+
+Each factory wraps a small materialize function around `jobs.plan_read` and an `Engine`
+(engines.py); `define` turns it into a Dagster asset with the passthrough attributes.
+"""
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    AutomationCondition,
+    BackfillPolicy,
+    DynamicPartitionsDefinition,
+    FreshnessPolicy,
+    MaterializeResult,
+    MetadataValue,
+    PartitionsDefinition,
+    RetryPolicy,
+    TimeWindowPartitionsDefinition,
+    asset,
+)
+
+from dagster_rmqs.engines import Engine
+from dagster_rmqs.failures import failures
+from dagster_rmqs.metadata import combine, run_metadata
+from dagster_rmqs.partitions import range_layers
+from dagster_rmqs.resources import session_of, stream_uri
+from dagster_rmqs.targets import META_MODE, StreamTarget
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
+from pyspark_rmqs.options import ConnectionOptions
+
+
+class AssetAttributes(TypedDict, total=False):
+    """Dagster asset attributes every factory passes through to `@asset` unchanged."""
+
+    key_prefix: str | Sequence[str] | None
+    group_name: str | None
+    description: str | None
+    deps: Sequence[Any] | None
+    owners: Sequence[str] | None
+    tags: Mapping[str, str] | None
+    kinds: set[str] | None
+    pool: str | None
+    automation_condition: AutomationCondition | None
+    code_version: str | None
+    freshness_policy: FreshnessPolicy | None
+    retry_policy: RetryPolicy | None
+    backfill_policy: BackfillPolicy | None
+    metadata: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StreamRead:
+    """What every mode shares: the target, the engine, and how to read."""
+
+    target: StreamTarget
+    engine: Engine
+    metadata_fields: str | None = None
+    fail_on_data_loss: bool = True
+
+    def connection(self, context: AssetExecutionContext) -> ConnectionOptions:
+        return getattr(context.resources, self.target.rabbitmq_key).connection_options()
+
+    def plan(self, conn: ConnectionOptions, **kw: Any) -> ReadPlan:
+        return plan_read(
+            conn,
+            stream=self.target.stream,
+            superstream=self.target.superstream,
+            consumer=self.target.consumer_name,
+            fail_on_data_loss=self.fail_on_data_loss,
+            **kw,
+        )
+
+    def result(
+        self, conn: ConnectionOptions, summary: RunSummary, extra: Mapping[str, Any] | None = None
+    ) -> MaterializeResult:
+        meta = run_metadata(
+            summary,
+            source_uri=stream_uri(conn, self.target.name),
+            output_uri=self.engine.output.uri,
+            metadata_fields=self.metadata_fields,
+            extra={"engine": self.engine.name, **(extra or {})},
+        )
+        return MaterializeResult(metadata=meta)
+
+
+def describe(plan: ReadPlan) -> str:
+    ranges = ", ".join(f"{s} [{a}, {b})" for s, (a, b) in sorted(plan.ranges.items())) or "nothing new"
+    return f"{'super stream' if plan.superstream else 'stream'} '{plan.target}': {ranges}"
+
+
+def define(
+    name: str,
+    read: StreamRead,
+    mode: str,
+    fn: Callable[[AssetExecutionContext], MaterializeResult],
+    attrs: AssetAttributes,
+    *,
+    partitions_def: PartitionsDefinition | None = None,
+    needs_spark: bool,
+    spark_key: str = "spark",
+) -> AssetsDefinition:
+    """The Dagster asset: `fn` plus the target's metadata, resource keys and passthrough attributes."""
+    a: dict[str, Any] = dict(attrs)
+    t = read.target
+    consumer = str(t.consumer_name)
+    backfill = a.pop("backfill_policy", None)
+    if partitions_def is not None and backfill is None:
+        backfill = BackfillPolicy.single_run()  # a backfill of many keys or windows: one read
+    kinds = a.pop("kinds", None) or {"rabbitmq", "spark" if read.engine.name == "spark" else "parquet"}
+    keys = {t.rabbitmq_key, spark_key} if needs_spark else {t.rabbitmq_key}
+    what = f"RabbitMQ {'super ' if t.superstream else ''}stream '{t.name}'"
+    description = a.pop("description", None) or (
+        f"Messages of {what} read by consumer '{consumer}' into {read.engine.output.uri or 'a sink'}"
+    )
+    with warnings.catch_warnings():  # BackfillPolicy is beta in Dagster 1.13; single-run is the point
+        warnings.filterwarnings("ignore", message=".*backfill_policy.*")
+        return asset(
+            name=name,
+            description=description,
+            metadata={**dict(a.pop("metadata", None) or {}), **t.metadata(), META_MODE: mode},
+            required_resource_keys=keys,
+            partitions_def=partitions_def,
+            backfill_policy=backfill,
+            kinds=kinds,
+            pool=a.pop("pool", None) or consumer_pool(consumer),
+            **a,
+        )(fn)
+
+
+def consumer_pool(consumer_name: str) -> str:
+    """The default Dagster concurrency pool of the assets reading as `consumer_name`."""
+    return f"rmqs-{consumer_name}"
+
+
+def watermark_asset(
+    name: str,
+    read: StreamRead,
+    attrs: AssetAttributes,
+    *,
+    starting_offsets: str = "earliest",
+    max_messages: int | None = None,
+    spark_key: str = "spark",
+) -> AssetsDefinition:
+    """Reads `[watermark + 1, tail)` (or the pending plan of a failed try), then stores the watermark."""
+    consumer = read.target.require_consumer(name)
+
+    def materialize(context: AssetExecutionContext) -> MaterializeResult:
+        with failures():
+            conn = read.connection(context)
+            plan = read.plan(
+                conn,
+                start="watermark",
+                end="latest",
+                max_messages=max_messages,
+                starting_offsets=starting_offsets,
+            )
+            again = " (the pending plan of a failed run)" if plan.resumed else ""
+            context.log.info(f"reading {describe(plan)} as consumer '{consumer}'{again}")
+            return read.result(conn, read.engine.read(context, conn, plan, store_watermark=True))
+
+    return define(
+        name, read, "batch", materialize, attrs, needs_spark=read.engine.name == "spark", spark_key=spark_key
+    )
+
+
+def drain_asset(
+    name: str,
+    read: StreamRead,
+    attrs: AssetAttributes,
+    *,
+    checkpoint_location: str,
+    source_options: Mapping[str, str] | None = None,
+    drain_timeout_s: float = 3600.0,
+    spark_key: str = "spark",
+) -> AssetsDefinition:
+    """An AvailableNow Structured Streaming drain into files; the checkpoint is the source of truth."""
+    from pyspark_rmqs.jobs import run_drain
+
+    t, out = read.target, read.engine.output
+    consumer = t.require_consumer(name)
+    options = {
+        **({"metadataFields": read.metadata_fields} if read.metadata_fields else {}),
+        **dict(source_options or {}),
+    }
+
+    def materialize(context: AssetExecutionContext) -> MaterializeResult:
+        with failures():
+            conn = read.connection(context)
+            context.log.info(f"draining '{t.name}' as consumer '{consumer}' (AvailableNow)")
+            summary = run_drain(
+                session_of(getattr(context.resources, spark_key)),
+                conn,
+                **t.kw,
+                consumer=consumer,
+                checkpoint=checkpoint_location,
+                output_path=str(out.path),
+                output_format=out.format,
+                output_options=dict(out.options),
+                source_options=options,
+                timeout_s=drain_timeout_s,
+            )
+            return read.result(conn, summary)
+
+    return define(name, read, "available_now", materialize, attrs, needs_spark=True, spark_key=spark_key)
+
+
+def offset_range_asset(
+    name: str,
+    read: StreamRead,
+    attrs: AssetAttributes,
+    *,
+    partitions_def: DynamicPartitionsDefinition,
+    spark_key: str = "spark",
+) -> AssetsDefinition:
+    """Partition keys are offset ranges; a run reads exactly its keys' ranges, one read per gap depth."""
+
+    def materialize(context: AssetExecutionContext) -> MaterializeResult:
+        with failures():
+            conn = read.connection(context)
+            keys = list(context.partition_keys)
+            layers = range_layers(keys)
+            summaries = []
+            for ranges in layers:
+                plan = _exact_plan(read, conn, ranges)
+                context.log.info(
+                    f"reading {describe(plan)} for {len(keys)} partition key(s); watermark unchanged"
+                )
+                summaries.append(read.engine.read(context, conn, plan, store_watermark=False))
+            extra = {"partition_keys": MetadataValue.json(sorted(keys)), "spark_reads": len(layers)}
+            return read.result(conn, combine(summaries, layers), extra)
+
+    return define(
+        name,
+        read,
+        "offset_ranges",
+        materialize,
+        attrs,
+        partitions_def=partitions_def,
+        needs_spark=read.engine.name == "spark",
+        spark_key=spark_key,
+    )
+
+
+def _exact_plan(read: StreamRead, conn: ConnectionOptions, ranges: dict[str, tuple[int, int]]) -> ReadPlan:
+    """A plan of exactly `ranges`: unknown streams and ends past the tail are errors, not trimmed."""
+    plan = read.plan(
+        conn,
+        start={s: a for s, (a, _) in ranges.items()},
+        end={s: b for s, (_, b) in ranges.items()},
+        persist=False,
+    )
+    unknown = sorted(set(ranges) - set(plan.start))
+    if unknown:
+        raise ConfigurationError(
+            f"partition keys name {unknown}, which are not streams of '{read.target.name}'"
+        )
+    short = {s: (b, plan.end[s]) for s, (_, b) in ranges.items() if plan.end[s] < b}
+    if short:
+        raise ConfigurationError(f"partition ranges end past the tails of their streams: {short}")
+    # Streams no key names read nothing (plan_read would read them from first offset to tail).
+    return replace(plan, end={s: (plan.end[s] if s in ranges else plan.start[s]) for s in plan.start})
+
+
+def time_window_asset(
+    name: str,
+    read: StreamRead,
+    attrs: AssetAttributes,
+    *,
+    partitions_def: TimeWindowPartitionsDefinition,
+    spark_key: str = "spark",
+) -> AssetsDefinition:
+    """A window reads `[offset at its start, offset at its end)` by chunk timestamp, per stream.
+
+    Offsets come from the broker's timestamp lookup (the first chunk at or after a time), so
+    adjacent windows meet at the same offset: no overlap, no gap. A window still open at run start
+    reads up to the tails then (and says so: `window_open`). A single-run backfill reads the span
+    of all its windows at once. The watermark is never read or moved.
+    """
+
+    def materialize(context: AssetExecutionContext) -> MaterializeResult:
+        with failures():
+            conn = read.connection(context)
+            window = context.partition_time_window
+            now = datetime.now(UTC)
+            still_open = window.end > now
+            plan = read.plan(
+                conn, start=window.start, end="latest" if still_open else window.end, persist=False
+            )
+            keys = list(context.partition_keys)
+            state = "open: up to the tails at run start" if still_open else "closed"
+            context.log.info(
+                f"reading {describe(plan)} for window [{window.start.isoformat()}, "
+                f"{window.end.isoformat()}) ({len(keys)} partition(s), {state}); "
+                "watermark unchanged"
+            )
+            summary = read.engine.read(context, conn, plan, store_watermark=False)
+            extra = {
+                "window_start": MetadataValue.timestamp(window.start),
+                "window_end": MetadataValue.timestamp(window.end),
+                "window_open": MetadataValue.bool(still_open),
+                "partition_keys": MetadataValue.json(keys),
+            }
+            return read.result(conn, summary, extra)
+
+    return define(
+        name,
+        read,
+        "time_windows",
+        materialize,
+        attrs,
+        partitions_def=partitions_def,
+        needs_spark=read.engine.name == "spark",
+        spark_key=spark_key,
+    )
