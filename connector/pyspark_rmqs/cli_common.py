@@ -118,24 +118,27 @@ class ConnectionFlags:
 
     def options(self) -> dict[str, str]:
         """Connector options (`uris` or `endpoints`, credentials, `tls.*`); they hold the password."""
+        from pyspark_rmqs.options import ConnectionOptions
+
+        n = ConnectionOptions.alias
         opts: dict[str, str] = {}
         if self.uri:
-            opts["uris"] = self.uri
+            opts[n("uris")] = self.uri
         else:
-            opts["endpoints"] = self.endpoints or "localhost:5552"
+            opts[n("endpoints")] = self.endpoints or "localhost:5552"
         for k, v in (("username", self.username), ("password", self.password), ("vhost", self.vhost)):
             if v is not None:
-                opts[k] = v
+                opts[n(k)] = v
         tls_on = self.tls or self.trust_all or bool(self.ca_file or self.cert_file)
         if tls_on:
-            opts["tls"] = "true"
+            opts[n("tls")] = "true"
         if self.trust_all:
-            opts["tls.trustAll"] = "true"
-        for k, v in (("tls.caFile", self.ca_file), ("tls.certFile", self.cert_file)):
+            opts[n("tls_trust_all")] = "true"
+        for k, v in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file)):
             if v:
-                opts[k] = v
+                opts[n(k)] = v
         if self.key_file:
-            opts["tls.keyFile"] = self.key_file
+            opts[n("tls_key_file")] = self.key_file
         return opts
 
     def secrets(self) -> list[str]:

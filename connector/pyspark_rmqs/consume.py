@@ -28,7 +28,7 @@ from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.jobs import ReadPlan, RunSummary
-from pyspark_rmqs.options import ConnectionOptions, parse_source_options
+from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
 from pyspark_rmqs.watermarks import store_watermarks_checked, watermarks, watermarks_after
 
 if TYPE_CHECKING:
@@ -37,15 +37,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Source options that mean something to a Spark-free bounded read (the rest plan or split Spark jobs).
-READ_OPTIONS = (
-    "metadataFields",
-    "queueCapacity",
-    "initialCredits",
-    "pollTimeoutMs",
-    "maxWaitMs",
-    "filterValues",
-    "filterMatchUnfiltered",
-    "strictDecoding",
+READ_OPTIONS = tuple(
+    SourceOptions.alias(field)
+    for field in (
+        "metadata_fields",
+        "queue_capacity",
+        "initial_credits",
+        "poll_timeout_ms",
+        "max_wait_ms",
+        "filter_values",
+        "filter_match_unfiltered",
+        "strict_decoding",
+    )
 )
 
 
@@ -158,22 +161,13 @@ def read_settings(
             f"source option(s) {unknown} do not apply to a Spark-free read; valid: {', '.join(READ_OPTIONS)}"
         )
     if metadata_fields is not None:
-        opts["metadataFields"] = metadata_fields
+        opts[SourceOptions.alias("metadata_fields")] = metadata_fields
+    target = SourceOptions.alias("superstream" if plan.superstream else "stream")
     parsed = parse_source_options(
-        {**conn.to_options(), ("superstream" if plan.superstream else "stream"): plan.target, **opts},
+        {**conn.to_options(), target: plan.target, **opts},
         streaming=False,
     )
-    return ReadSettings(
-        metadata_fields=parsed.metadata_fields,
-        initial_credits=parsed.initial_credits,
-        queue_capacity=parsed.queue_capacity,
-        poll_timeout_ms=parsed.poll_timeout_ms,
-        max_wait_ms=parsed.max_wait_ms,
-        filter_values=tuple(parsed.filter_values or ()),
-        filter_match_unfiltered=parsed.filter_match_unfiltered,
-        strict=parsed.strict_decoding,
-        fail_on_data_loss=plan.fail_on_data_loss,
-    )
+    return ReadSettings(**{**parsed.reader_settings(), "fail_on_data_loss": plan.fail_on_data_loss})
 
 
 def run_consume(

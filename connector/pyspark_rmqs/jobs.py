@@ -39,7 +39,7 @@ from pyspark_rmqs.errors import (
     mark_commit_state,
     report_data_loss,
 )
-from pyspark_rmqs.options import ConnectionOptions
+from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.planning import Bounds, Position, resolve_positions
 from pyspark_rmqs.watermarks import (
     pending_plan,
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+_SOURCE = SourceOptions.alias  # option names users type, from the option table
 
 
 @dataclass(frozen=True)
@@ -220,10 +221,10 @@ def spark_session(
 def read_options(conn: ConnectionOptions, plan: ReadPlan, **extra: str) -> dict[str, str]:
     """Spark source options reading exactly `plan` (secrets included: hand them to Spark only)."""
     opts = conn.to_options()
-    opts["superstream" if plan.superstream else "stream"] = plan.target
-    opts["startingOffsets"] = off.offsets_to_json(plan.start)
-    opts["endingOffsets"] = off.offsets_to_json(plan.end)
-    opts["failOnDataLoss"] = "true" if plan.fail_on_data_loss else "false"
+    opts[_SOURCE("superstream" if plan.superstream else "stream")] = plan.target
+    opts[_SOURCE("starting_offsets")] = off.offsets_to_json(plan.start)
+    opts[_SOURCE("ending_offsets")] = off.offsets_to_json(plan.end)
+    opts[_SOURCE("fail_on_data_loss")] = "true" if plan.fail_on_data_loss else "false"
     opts.update(extra)
     return opts
 
@@ -321,7 +322,7 @@ def run_read(
     exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
     summary.delivery = "exactly_once" if exactly_once else "at_least_once"
     if not plan.is_empty:
-        extra = {} if metadata_fields is None else {"metadataFields": metadata_fields}
+        extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}
         if exactly_once:
             assert isinstance(sink, FileOutput)
             _commit_files(spark, conn, plan, sink, token, summary, extra)
@@ -472,8 +473,14 @@ def run_drain(
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
     t0 = time.monotonic()
     opts = conn.to_options()
-    opts["superstream" if superstream else "stream"] = str(superstream or stream)
-    opts.update({"consumerName": consumer, "serverSideOffsetTracking": "true", **dict(source_options or {})})
+    opts[_SOURCE("superstream" if superstream else "stream")] = str(superstream or stream)
+    opts.update(
+        {
+            _SOURCE("consumer_name"): consumer,
+            _SOURCE("server_side_offset_tracking"): "true",
+            **dict(source_options or {}),
+        }
+    )
     before = watermarks(conn, consumer, stream=stream, superstream=superstream)
     q = (
         spark.readStream.format("rabbitmq_streams")

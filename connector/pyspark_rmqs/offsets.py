@@ -38,6 +38,7 @@ EARLIEST = -2
 """Sentinel in offsets JSON meaning "the first retained offset", as in Spark's Kafka source."""
 
 _SENTINELS = frozenset({LATEST, EARLIEST})
+_LONG_MAX = 2**63 - 1  # offsets are int64 in the broker and in Spark
 _EXPECTED_FORM = '{"stream-0": 42, ...} (next offset per partition stream; -1 = latest, -2 = earliest)'
 
 K = TypeVar("K", bound=Hashable)
@@ -63,45 +64,60 @@ def offsets_to_json(offsets: Mapping[str, int]) -> str:
     return json.dumps(dict(offsets), sort_keys=True, separators=(",", ":"))
 
 
+class _DuplicateStream(ValueError):
+    def __init__(self, stream: str, first: Any, second: Any) -> None:
+        super().__init__(f"names stream {stream!r} twice ({first!r} and {second!r})")
+
+
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """Refuse duplicate keys: json.loads would silently keep the last, hiding a typo."""
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate stream {key!r}")
+            raise _DuplicateStream(key, result[key], value)
         result[key] = value
     return result
 
 
-def offsets_from_json(text: str, option: str = "startingOffsets") -> dict[str, int]:
+def offsets_from_json(
+    text: str, option: str = "startingOffsets", *, earliest: bool = True, empty: bool = True
+) -> dict[str, int]:
     """Parse offsets JSON from an option or a checkpoint; errors name `option` and the expected form.
 
-    Values are next offsets (>= 0) or the sentinels `LATEST` (-1) and `EARLIEST` (-2), kept as-is so
-    the caller resolves them against the broker.
+    The one parser of offsets JSON (the `startingOffsets` / `endingOffsets` options, the CLI's
+    `--to`, planned positions). Values are next offsets (>= 0) or the sentinels `LATEST` (-1) and,
+    when `earliest`, `EARLIEST` (-2), kept as-is so the caller resolves them against the broker.
+    `empty=False` refuses `{}`.
     """
+    sentinels = "-1 (latest) or -2 (earliest)" if earliest else "-1 (latest)"
+    allowed = _SENTINELS if earliest else frozenset({LATEST})
 
     def fail(reason: str) -> ConfigurationError:
-        shown = text if len(text) <= 200 else text[:200] + "..."
         return ConfigurationError(
-            f"{option}: {reason}; expected a JSON object like {_EXPECTED_FORM}, got {shown!r}"
+            f"option '{option}' {reason}; expected a JSON object of partition stream name to next offset, "
+            f'like {{"stream-0": 42, ...}} (offsets >= 0, or {sentinels})'
         )
 
     if not isinstance(text, str):
-        raise ConfigurationError(f"{option}: expected a JSON string like {_EXPECTED_FORM}, got {text!r}")
+        raise fail(f"must be a JSON string, got {type(text).__name__}")
     try:
         parsed = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except ValueError as exc:  # JSONDecodeError is a ValueError, and so is a duplicate key
-        raise fail(f"invalid JSON ({exc})") from None
+    except _DuplicateStream as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise fail(f"is not valid JSON ({exc})") from None
     if not isinstance(parsed, dict):
-        raise fail("not a JSON object")
+        raise fail("must be a JSON object")
+    if not parsed and not empty:
+        raise fail("must be a non-empty JSON object")
     offsets: dict[str, int] = {}
     for stream, offset in parsed.items():
-        if not isinstance(stream, str) or not stream:
-            raise fail(f"stream names must be non-empty strings, got {stream!r}")
+        if not stream:
+            raise fail("has an empty stream name")
         if not _is_int(offset):
-            raise fail(f"offset of stream {stream!r} must be an integer, got {offset!r}")
-        if offset < 0 and offset not in _SENTINELS:
-            raise fail(f"offset of stream {stream!r} must be >= 0, -1 (latest) or -2 (earliest): {offset}")
+            raise fail(f"has a non-integer offset for stream {stream!r}: {json.dumps(offset)}")
+        if (offset < 0 and offset not in allowed) or offset > _LONG_MAX:
+            raise fail(f"has an invalid offset {offset} for stream {stream!r}")
         offsets[stream] = offset
     return offsets
 

@@ -224,11 +224,11 @@ CASES: list[Case] = [
     ("same-stream-twice", "batch", {"STREAM": "other"}, "stream", "more than once"),
     # --- offsets JSON
     (
-        "json-duplicate-key-last-wins",
+        "json-duplicate-key",
         "batch",
         {"startingOffsets": '{"orders": 5, "orders": -7}'},
         "startingOffsets",
-        "-7",
+        "names stream 'orders' twice (5 and -7)",
     ),
     ("json-array", "source", {"startingOffsets": "[1, 2]"}, "startingOffsets", None),
     ("json-empty-stream-name", "streaming", {**SS, "startingOffsets": '{"": 3}'}, "startingOffsets", "empty"),

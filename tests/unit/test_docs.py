@@ -16,6 +16,7 @@ from pyspark_rmqs.options import (
     KNOWN_SOURCE_OPTIONS,
     REMOVED_OPTIONS,
     describe_range,
+    reference,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,17 @@ def test_mkdocs_builds_strict(tmp_path: Path) -> None:
 def test_every_option_is_documented(option: str) -> None:
     text = (ROOT / "docs" / "options.md").read_text()
     assert f"`{option}`" in text, f"option {option} is missing from docs/options.md"
+
+
+def test_option_tables_are_rendered_from_the_option_models() -> None:
+    """docs/options.md's tables are the option models' (name, default, doc line, range, broker)."""
+    path = ROOT / "docs" / "options.md"
+    text = path.read_text()
+    assert text.count("<!-- options:") == len(reference.TABLES)
+    assert reference.rewrite(text) == text, (
+        "docs/options.md is out of date with the option models: run "
+        "`python -m pyspark_rmqs.options.reference docs/options.md`"
+    )
 
 
 @pytest.mark.parametrize("option", sorted(o for o, (_lo, hi) in INTEGER_BOUNDS.items() if hi < 2**63 - 1))

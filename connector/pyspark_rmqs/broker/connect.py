@@ -137,8 +137,9 @@ def _addresses(conn: Any) -> list[tuple[str, int]]:
     if not path:
         return addresses
     from pyspark_rmqs.extensions import AddressResolver, load
+    from pyspark_rmqs.options import ConnectionOptions
 
-    resolver: AddressResolver = load(path, "addressResolverClass", AddressResolver)
+    resolver: AddressResolver = load(path, ConnectionOptions.alias("address_resolver_class"), AddressResolver)
     return [resolver.resolve(h, p) for h, p in addresses]
 
 

@@ -39,21 +39,11 @@ def to_partitions(ranges: list[OffsetRange]) -> list[RangePartition]:
 
 
 def read_settings(opts: SourceOptions) -> ReadSettings:
+    """The executor's reader settings: the options' (`SourceOptions.reader_settings`) and the post filter."""
     post = None
     if opts.filter_post_filter_class:
         post = _post_filter(opts.filter_post_filter_class)
-    return ReadSettings(
-        metadata_fields=opts.metadata_fields,
-        initial_credits=opts.initial_credits,
-        queue_capacity=opts.queue_capacity,
-        poll_timeout_ms=opts.poll_timeout_ms,
-        max_wait_ms=opts.max_wait_ms,
-        filter_values=tuple(opts.filter_values or ()),
-        filter_match_unfiltered=opts.filter_match_unfiltered,
-        post_filter=post,
-        strict=opts.strict_decoding,
-        fail_on_data_loss=opts.fail_on_data_loss,
-    )
+    return ReadSettings(**opts.reader_settings(), post_filter=post)
 
 
 def _post_filter(path: str) -> Callable[[Any], bool]:
@@ -61,7 +51,7 @@ def _post_filter(path: str) -> Callable[[Any], bool]:
     from pyspark_rmqs.extensions import MessageView, PostFilter, load
     from pyspark_rmqs.schema import PROPERTY_NAMES
 
-    impl = load(path, "filterPostFilterClass", PostFilter)
+    impl = load(path, SourceOptions.alias("filter_post_filter_class"), PostFilter)
 
     def matches(d: codec.Decoded) -> bool:
         props = dict(zip(PROPERTY_NAMES, d.properties or [], strict=False))
