@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_rmqs import codec
+from pyspark_rmqs import chunks, codec
 from pyspark_rmqs.errors import DataError
 from pyspark_rmqs.schema import (
     PROPERTIES_FIELDS,
@@ -53,9 +53,9 @@ class BatchBuilder:
         """Add records `[skip, skip + take)` of a chunk whose record `skip` has offset `first_offset`."""
         try:
             if self.full:
-                got: list[Any] = codec.chunk_records(data, num_entries)[skip : skip + take]
+                got: list[Any] = chunks.chunk_records(data, num_entries)[skip : skip + take]
             else:
-                got = codec.chunk_bodies(data, num_entries, skip, take)
+                got = chunks.chunk_bodies(data, num_entries, skip, take)
             if len(got) != take:
                 raise DataError(f"corrupt chunk: it holds {len(got)} of the {take} records asked for")
         except DataError as e:

@@ -1,4 +1,4 @@
-"""Unit and property tests of `pyspark_rmqs.codec` (AMQP 1.0 and chunk entries) and `batches.BatchBuilder`.
+"""Unit and property tests of `codec` (AMQP 1.0), `chunks` (chunk entries) and `batches.BatchBuilder`.
 
 rstream's own AMQP encoder and decoder are the independent reference: what we encode must decode
 there, and what rstream encodes (as other clients would publish it) must decode here.
@@ -23,7 +23,8 @@ from rstream.amqp import AMQPMessage, amqp_decoder
 
 from pyspark_rmqs import codec
 from pyspark_rmqs.batches import BatchBuilder
-from pyspark_rmqs.codec import Timestamp, bodies, chunk_bodies, chunk_records, decode, encode, to_text
+from pyspark_rmqs.chunks import chunk_bodies, chunk_records
+from pyspark_rmqs.codec import Timestamp, bodies, decode, encode, to_text
 from pyspark_rmqs.errors import DataError
 from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES, TS, source_arrow_schema
 

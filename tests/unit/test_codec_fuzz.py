@@ -5,7 +5,7 @@ and planted type codes. The contracts (what the reader relies on):
 
 - `codec.decode` raises ValueError and nothing else;
 - `codec.bodies` never raises and returns one `bytes` per record;
-- `codec.chunk_records` / `codec.chunk_bodies` never raise on well-framed chunks (whatever the
+- `chunk_entries.chunk_records` / `chunk_entries.chunk_bodies` never raise on well-framed chunks (whatever the
   messages hold) and raise only DataError on corrupt chunk framing;
 - hostile chunks (sub-entries whose declared uncompressed size lies, decompression bombs, chunks
   cut short, chunks the connection flagged as corrupt) raise DataError, never return fewer or
@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from rstream._pyamqp.message import Properties
 from rstream.amqp import AMQPMessage
 
+from pyspark_rmqs import chunks as chunk_entries
 from pyspark_rmqs import codec
 from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker import protocol
@@ -239,11 +240,11 @@ def chunks(
 @given(chunks(), st.data())
 def test_well_framed_chunks_never_raise(chunk: tuple[bytes, int, list[bytes]], data: st.DataObject) -> None:
     raw, entries, records = chunk
-    assert [bytes(r) for r in codec.chunk_records(raw, entries)] == records
+    assert [bytes(r) for r in chunk_entries.chunk_records(raw, entries)] == records
     skip = data.draw(st.integers(min_value=0, max_value=len(records)))
     take = data.draw(st.integers(min_value=0, max_value=len(records) - skip))
     want = codec.bodies([memoryview(m) for m in records[skip : skip + take]])
-    assert codec.chunk_bodies(raw, entries, skip, take) == want
+    assert chunk_entries.chunk_bodies(raw, entries, skip, take) == want
 
 
 @st.composite
@@ -264,7 +265,7 @@ def test_corrupt_chunks_raise_only_data_error(
 ) -> None:
     raw, entries, n = chunk
     try:
-        codec.chunk_records(raw, entries)
+        chunk_entries.chunk_records(raw, entries)
     except DataError:
         pass
     skip, take = 0, n
@@ -272,7 +273,7 @@ def test_corrupt_chunks_raise_only_data_error(
         skip = data.draw(st.integers(min_value=0, max_value=n))
         take = data.draw(st.integers(min_value=0, max_value=n - skip))
     try:
-        out = codec.chunk_bodies(raw, entries, skip, take)
+        out = chunk_entries.chunk_bodies(raw, entries, skip, take)
     except DataError:
         return
     assert all(isinstance(b, bytes) for b in out)
@@ -289,7 +290,7 @@ def test_sub_entry_claiming_an_impossible_size_is_refused_before_allocating(
     """A failed allocation in the decompressor aborts the process (e.g. under PySpark's memory limit)."""
     raw = struct.pack(">BHII", kind, 1, 2**32 - 1, len(payload)) + payload
     with pytest.raises(DataError, match="claims 4294967295 uncompressed bytes"):
-        codec.chunk_records(raw, 1)
+        chunk_entries.chunk_records(raw, 1)
 
 
 def test_corrupt_chunk_in_batch_builder_names_stream_and_offset() -> None:
@@ -320,9 +321,9 @@ def sub_entry_declaring(messages: list[bytes], compression: str, declared: int) 
 def assert_rejected(raw: bytes, entries: int, records: int, match: str | None = None) -> None:
     """Every way of reading the chunk raises DataError; the BatchBuilder names stream and offset."""
     with pytest.raises(DataError, match=match):
-        codec.chunk_records(raw, entries)
+        chunk_entries.chunk_records(raw, entries)
     with pytest.raises(DataError, match=match):
-        codec.chunk_bodies(raw, entries, 0, records)
+        chunk_entries.chunk_bodies(raw, entries, 0, records)
     for fields in ((), METADATA_FIELDS):
         for strict in (False, True):  # a corrupt chunk fails lenient reads too: never a shorter batch
             b = BatchBuilder(STREAM, fields, strict=strict)
@@ -382,7 +383,7 @@ def test_decompression_bomb_is_refused_without_expanding(compression: str) -> No
 
     def read() -> None:
         with pytest.raises(DataError, match="sub-entry"):
-            codec.chunk_records(raw, 1)
+            chunk_entries.chunk_records(raw, 1)
 
     peak = peak_allocation(read)
     assert peak < 2 * len(raw) + (1 << 20), f"{peak} bytes allocated for an 8 KiB sub-entry"
@@ -392,12 +393,12 @@ def test_decompression_bomb_is_refused_without_expanding(compression: str) -> No
 def test_honest_sub_entry_above_the_chunk_ceiling_is_refused_before_decompressing(
     compression: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(codec, "MAX_CHUNK_UNCOMPRESSED_BYTES", 1 << 20)
+    monkeypatch.setattr(chunk_entries, "MAX_CHUNK_UNCOMPRESSED_BYTES", 1 << 20)
     raw = sub_entry_declaring([b"\0" * (BOMB_BYTES - 4)], compression, BOMB_BYTES)
 
     def read() -> None:
         with pytest.raises(DataError, match=f"claims {BOMB_BYTES} uncompressed bytes, more than the 1048576"):
-            codec.chunk_records(raw, 1)
+            chunk_entries.chunk_records(raw, 1)
 
     assert peak_allocation(read) < 2 * len(raw) + (1 << 20)
 
@@ -405,8 +406,8 @@ def test_honest_sub_entry_above_the_chunk_ceiling_is_refused_before_decompressin
 def test_chunk_ceiling_counts_all_sub_entries_together(monkeypatch: pytest.MonkeyPatch) -> None:
     message = codec.encode(b"x" * 1000)
     batch = sub_entry([message], "zstd")
-    monkeypatch.setattr(codec, "MAX_CHUNK_UNCOMPRESSED_BYTES", 2 * (4 + len(message)))
-    assert [bytes(r) for r in codec.chunk_records(batch + batch, 2)] == [message, message]
+    monkeypatch.setattr(chunk_entries, "MAX_CHUNK_UNCOMPRESSED_BYTES", 2 * (4 + len(message)))
+    assert [bytes(r) for r in chunk_entries.chunk_records(batch + batch, 2)] == [message, message]
     assert_rejected(batch + batch + batch, 3, 3, "sub-entry 2 claims")
 
 
@@ -459,7 +460,10 @@ def test_chunk_failing_its_crc_or_cut_short_fails_the_read_naming_stream_and_off
         conn._on_deliver(frame)  # never raises: that would end the connection's listener
     good, corrupt, short = got
     assert (good.first_offset, good.num_records, good.subscription_id) == (500, 2, 7)
-    assert [bytes(r) for r in codec.chunk_records(good.data, 2)] == [codec.encode(b"a"), codec.encode(b"b")]
+    assert [bytes(r) for r in chunk_entries.chunk_records(good.data, 2)] == [
+        codec.encode(b"a"),
+        codec.encode(b"b"),
+    ]
     assert_rejected(corrupt.data, 2, 2, "CRC-32 mismatch")
     assert_rejected(short.data, 2, 2, "the frame holds 17 of the chunk's 20 data bytes")
 

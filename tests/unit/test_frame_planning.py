@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark_rmqs.broker.writer import plan_frames
+from pyspark_rmqs.broker.frames import plan_frames
 
 
 def test_frames_hold_at_most_max_entries() -> None:

@@ -39,7 +39,7 @@ from rstream import exceptions as rx
 from rstream import schema
 from rstream.constants import OffsetType
 
-from pyspark_rmqs import codec
+from pyspark_rmqs import chunks, codec
 from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
@@ -313,7 +313,7 @@ class RangeReader:
             return
         if self.s.filter_values and self.s.post_filter is not None:
             try:
-                part = codec.chunk_records(chunk.data, chunk.num_entries)[lo - first : hi - first]
+                part = chunks.chunk_records(chunk.data, chunk.num_entries)[lo - first : hi - first]
             except DataError as e:
                 raise DataError(
                     f"cannot read the chunk at offset {first} of stream '{self.stream}': {e}"

@@ -1,51 +1,49 @@
-"""The producer: publisher confirms, a bounded confirm window, dedup names, routing, compression.
+"""The producer: publisher confirms, a bounded confirm window, dedup ids, re-send on reconnect.
 
 One publisher per partition stream, each on its own connection (rstream's super stream producer
-misroutes key routing and hashes differently from the Java and Go clients; see DESIGN). Frames are
-encoded here, each in one buffer of at most `batch_size` messages and the frame_max negotiated with
-the broker; a message that fits no frame fails with `DataError` where the broker enforces the limit
-(see `_frame_limit_enforced`). `send()` blocks while `max_in_flight` messages await
-confirms (up to `enqueue_timeout_ms`), and raises at once when any earlier message failed;
-`flush()` waits for every confirm (`confirm_timeout_ms`) and raises on any failure.
+misroutes key routing and hashes differently from the Java and Go clients; see DESIGN). Where each
+message goes is `routing.py`; the bytes of each publish frame (at most `batch_size` messages and the
+negotiated frame_max, sub-entry batches compressed) are `frames.py`. `send()` blocks while
+`max_in_flight` messages await confirms (up to `enqueue_timeout_ms`), and raises at once when any
+earlier message failed; `flush()` waits for every confirm (`confirm_timeout_ms`) and raises on any
+failure.
 
-A lost connection (a broker restart) or a stream whose leader moved reconnects the publisher (as
-`recovery.py` says) and re-sends, in order and with their publishing ids, the frames still awaiting
-a confirm (kept until confirmed: at most `max_in_flight` messages). With a producer name the broker
-drops those it had already stored, so nothing is duplicated; without one, the re-sent messages that
-had been stored before the connection dropped appear twice (at-least-once). A deleted stream, or a
-broker that does not come back in time, fails loudly.
+A lost connection (a broker restart) or a stream whose leader moved reconnects the publisher
+(`recovery.retry_async`) and re-sends, in order and with their publishing ids, the frames still
+awaiting a confirm (kept until confirmed: at most `max_in_flight` messages). With a producer name
+the broker drops those it had already stored, so nothing is duplicated; without one, the re-sent
+messages that had been stored before the connection dropped appear twice (at-least-once). A
+deleted stream, or a broker that does not come back in time, fails loudly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mmh3
 from rstream import exceptions as rx
 from rstream import schema
 
-from pyspark_rmqs.broker.client import AsyncBrokerClient, parse_version
+from pyspark_rmqs.broker import frames
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.recovery import (
     PRODUCER_CLOSE_TIMEOUT_S,
     RECOVERY_WINDOW_S,
-    ROUTING_CALL_TIMEOUT_S,
     as_transient,
     retry_async,
 )
-from pyspark_rmqs.codec import COMPRESSION_CODES
+from pyspark_rmqs.broker.routing import HASH_SEED as HASH_SEED  # importable here too, as before
+from pyspark_rmqs.broker.routing import Group, Router
+from pyspark_rmqs.broker.routing import hash_partition as hash_partition
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
-    ConfigurationError,
     DataError,
     PublishError,
     StreamNotFoundError,
@@ -53,17 +51,6 @@ from pyspark_rmqs.errors import (
 from pyspark_rmqs.options import SinkOptions
 
 log = logging.getLogger(__name__)
-
-HASH_SEED = 104729
-_PUBLISH_V1 = struct.Struct(">IHHBi")  # length, key, version, publisher id, count
-_MSG = struct.Struct(">QI")
-_MSG_FILTERED = struct.Struct(">Qh")
-_SUB_ENTRY_HEADER = struct.Struct(">BHII")  # after the publishing id: type, count, sizes
-_PUBLISHING_ID = struct.Struct(">Q")
-_FRAME_HEADER = _PUBLISH_V1.size  # a publish frame's bytes besides its entries, length prefix included
-# RabbitMQ closes a connection that sends a frame over the negotiated frame_max from 4.3.5 on
-# (rabbitmq-community/rstream#274); 4.0 accepts it (tests/integration/test_publish_frames.py).
-ENFORCES_FRAME_MAX = (4, 3, 5)
 
 _MAX_STALLED_RECOVERIES = 5
 
@@ -74,40 +61,6 @@ RESPONSE_CODES = {
     17: "precondition failed",
     18: "publisher does not exist",
 }
-
-
-_warned_oversized = False
-
-
-def plan_frames(sizes: Sequence[int], max_entries: int, max_bytes: int) -> list[tuple[int, int]]:
-    """Split entries of these sizes into consecutive frames [start, end): at most `max_entries`
-    entries and `max_bytes` bytes each. An entry larger than `max_bytes` gets a frame of its own:
-    the caller decides whether it may be sent."""
-    frames: list[tuple[int, int]] = []
-    start = used = 0
-    for i, size in enumerate(sizes):
-        if i > start and (i - start >= max_entries or used + size > max_bytes):
-            frames.append((start, i))
-            start, used = i, 0
-        used += size
-    if start < len(sizes):
-        frames.append((start, len(sizes)))
-    return frames
-
-
-def _entry_sizes(messages: Sequence[bytes], filters: Sequence[str | None] | None) -> list[int]:
-    """Bytes of each message in a publish frame: id, (filter value,) length and body."""
-    if filters is None:
-        return [_MSG.size + len(m) for m in messages]
-    return [
-        _MSG_FILTERED.size + (len(f.encode("utf-8")) if f is not None else 0) + 4 + len(m)
-        for m, f in zip(messages, filters, strict=True)
-    ]
-
-
-def hash_partition(routing_key: str, partitions: int) -> int:
-    """The partition the Java and Go clients choose: murmur3 x86 32-bit, seed 104729, UTF-8, unsigned."""
-    return mmh3.hash(routing_key.encode("utf-8"), HASH_SEED, signed=False) % partitions
 
 
 @dataclass
@@ -132,22 +85,6 @@ class WriteSettings:
     first_publishing_id: int = 1
     # Publishing ids must stay below this (exclusive); a streaming epoch owns [e << 32, (e+1) << 32).
     publishing_id_limit: int | None = None
-
-
-def _compress(codec: int, data: bytes) -> bytes:
-    if codec == 0:
-        return data
-    if codec == 1:
-        import gzip
-
-        return gzip.compress(data, compresslevel=6)
-    import cramjam
-
-    if codec == 2:
-        return bytes(cramjam.snappy.compress(data))  # framing format, as the Java client writes
-    if codec == 3:
-        return bytes(cramjam.lz4.compress(data))  # LZ4 frame, as the Java client writes
-    return bytes(cramjam.zstd.compress(data))
 
 
 class _Publisher:
@@ -365,42 +302,6 @@ class _Publisher:
         """The largest publish frame, in bytes: the frame_max this connection negotiated."""
         return int(self.client.frame_max)
 
-    def _frame_limit_enforced(self) -> bool:
-        """Whether a frame over `frame_limit` must not be sent at all.
-
-        It must not when this client asked for that limit itself, or when the broker closes
-        connections that exceed it (RabbitMQ >= 4.3.5). Older brokers accept larger frames, so a
-        message larger than their negotiated frame_max (1 MiB by default) still goes through alone.
-        """
-        if self.client.requested_frame_max <= self.frame_limit:
-            return True
-        version = (self.client.server_properties or {}).get("version", "0.0.0")
-        return parse_version(str(version)) >= ENFORCES_FRAME_MAX
-
-    def _check_fits(self, entry_size: int, row: int, what: str) -> None:
-        """A frame holding only this entry is over the limit: fail naming the row, or allow it."""
-        if _FRAME_HEADER + entry_size <= self.frame_limit:
-            return
-        if self._frame_limit_enforced():
-            raise DataError(
-                f"row {row} of this task: {what} does not fit in a publish frame to "
-                f"'{self.stream}': the largest frame this connection may send is {self.frame_limit} "
-                f"bytes, {_FRAME_HEADER} of them frame header (the frame_max negotiated with the broker; "
-                "raise stream.frame_max on the broker or send smaller messages)"
-            )
-        global _warned_oversized
-        if not _warned_oversized:
-            _warned_oversized = True
-            log.warning(
-                "row %d of this task: %s exceeds the frame_max of %d bytes negotiated with '%s'; it is "
-                "sent in a frame of its own, which this broker accepts (RabbitMQ %s and later refuse it)",
-                row,
-                what,
-                self.frame_limit,
-                self.stream,
-                ".".join(map(str, ENFORCES_FRAME_MAX)),
-            )
-
     async def publish(
         self,
         messages: Sequence[bytes],
@@ -416,49 +317,40 @@ class _Publisher:
         if s.sub_entry_size > 1:
             await self._publish_sub_entries(messages, rows, s)
             return
-        sizes = _entry_sizes(messages, filters)
-        for start, end in plan_frames(sizes, s.batch_size, self.frame_limit - _FRAME_HEADER):
+        sizes = frames.entry_sizes(messages, filters)
+        for start, end in frames.plan_frames(sizes, s.batch_size, self.frame_limit - frames.FRAME_HEADER):
             if end - start == 1:
-                self._check_fits(sizes[start], rows[start], f"a message of {len(messages[start])} bytes")
+                frames.check_fits(
+                    self.client,
+                    self.stream,
+                    sizes[start],
+                    rows[start],
+                    f"a message of {len(messages[start])} bytes",
+                )
             part = messages[start:end]
             fpart = filters[start:end] if filters is not None else None
             await self._before_frame(len(part), s)
-            frame, count = self._frame(part, fpart)
-            await self._send_frame(frame, count, len(part))
+            frame = frames.publish_frame(self.id, self.next_id, part, fpart)
+            self.next_id += len(part)
+            await self._send_frame(frame, len(part), len(part))
 
     async def _publish_sub_entries(
         self, messages: Sequence[bytes], rows: Sequence[int], s: WriteSettings
     ) -> None:
         """Sub-entry batches: `sub_entry_size` messages per entry, compressed together; one confirm each."""
-        codec = COMPRESSION_CODES[s.compression]
-        entries: list[tuple[bytes, int]] = []  # (entry after its publishing id, messages in it)
-        for j in range(0, len(messages), s.sub_entry_size):
-            group = messages[j : j + s.sub_entry_size]
-            raw = b"".join(len(m).to_bytes(4, "big") + m for m in group)
-            data = _compress(codec, raw)
-            entries.append(
-                (
-                    _SUB_ENTRY_HEADER.pack(0x80 | (codec << 4), len(group), len(raw), len(data)) + data,
-                    len(group),
-                )
-            )
-        sizes = [_PUBLISHING_ID.size + len(e) for e, _ in entries]
+        entries = frames.sub_entries(messages, s.sub_entry_size, s.compression)
+        sizes = frames.sub_entry_sizes(entries)
         first_row = [rows[j] for j in range(0, len(messages), s.sub_entry_size)]
-        for start, end in plan_frames(sizes, s.batch_size, self.frame_limit - _FRAME_HEADER):
+        for start, end in frames.plan_frames(sizes, s.batch_size, self.frame_limit - frames.FRAME_HEADER):
             if end - start == 1:
                 entry, n = entries[start]
                 what = f"a sub-entry batch of {n} messages ({len(entry)} bytes) starting at this row"
-                self._check_fits(sizes[start], first_row[start], what)
+                frames.check_fits(self.client, self.stream, sizes[start], first_row[start], what)
             part = entries[start:end]
             n = sum(k for _, k in part)
             await self._before_frame(n, s)
-            buf = []
-            for entry, _ in part:
-                buf.append(_PUBLISHING_ID.pack(self.next_id))
-                buf.append(entry)
-                self.next_id += 1
-            body = b"".join(buf)
-            frame = _PUBLISH_V1.pack(len(body) + 9, 2, 1, self.id, len(part)) + body
+            frame = frames.sub_entry_frame(self.id, self.next_id, [e for e, _ in part])
+            self.next_id += len(part)
             await self._send_frame(frame, len(part), n)
 
     async def _before_frame(self, messages: int, s: WriteSettings) -> None:
@@ -492,32 +384,6 @@ class _Publisher:
                 "more partitions"
             )
 
-    def _frame(self, part: Sequence[bytes], filters: Sequence[str | None] | None) -> tuple[bytes, int]:
-        pid = self.next_id
-        buf: list[bytes] = []
-        if filters is None:
-            pack = _MSG.pack
-            for m in part:
-                buf.append(pack(pid, len(m)))
-                buf.append(m)
-                pid += 1
-            version = 1
-        else:
-            for m, f in zip(part, filters, strict=True):
-                if f is None:
-                    buf.append(_MSG_FILTERED.pack(pid, -1))
-                else:
-                    raw = f.encode("utf-8")
-                    buf.append(_MSG_FILTERED.pack(pid, len(raw)) + raw)
-                buf.append(len(m).to_bytes(4, "big"))
-                buf.append(m)
-                pid += 1
-            version = 2
-        body = b"".join(buf)
-        header = _PUBLISH_V1.pack(len(body) + 9, 2, version, self.id, len(part))
-        self.next_id = pid
-        return header + body, len(part)
-
     async def close(self) -> None:
         self._detach()
         if self.client.is_connection_alive():
@@ -525,29 +391,6 @@ class _Publisher:
                 await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
             except Exception:
                 log.debug("delete_publisher failed", exc_info=True)
-
-
-def load_partitioner(path: str) -> Callable[[str, list[str]], Any]:
-    """A custom partitioner (`partitionerClass`): `partition(routing_key, partitions)`."""
-    from pyspark_rmqs.extensions import Partitioner, load
-
-    partitioner: Partitioner = load(path, "partitionerClass", Partitioner)
-    return partitioner.partition
-
-
-@dataclass
-class _Group:
-    """The messages of one send() bound for one partition stream, with their rows in the task."""
-
-    messages: list[bytes]
-    filters: list[str | None] | None
-    rows: list[int]
-
-    def add(self, message: bytes, filter_value: str | None, row: int) -> None:
-        self.messages.append(message)
-        if self.filters is not None:
-            self.filters.append(filter_value)
-        self.rows.append(row)
 
 
 class StreamProducer:
@@ -560,53 +403,22 @@ class StreamProducer:
         self.s = settings
         self._publishers: dict[str, _Publisher] = {}
         self._clients: list[RmqsClient] = []
-        self._partitions: list[str] = []
-        self._routes: dict[str, list[str]] = {}
-        self._custom = load_partitioner(settings.partitioner_class) if settings.partitioner_class else None
+        self.router = Router(
+            conn,
+            target,
+            superstream=superstream,
+            strategy=settings.routing_strategy,
+            partitioner_class=settings.partitioner_class,
+        )
         self.messages = 0
-        if superstream:
-            aio = AsyncBrokerClient(conn, patient=True)  # executors: the driver reached the broker
-            self._partitions = run_sync(aio.partitions(target), ROUTING_CALL_TIMEOUT_S, "partitions")
 
     @property
     def partitions(self) -> list[str]:
-        return list(self._partitions)
+        return list(self.router.partitions)
 
     def route(self, routing_key: str | None, row: int = -1) -> list[str]:
         """The partition stream(s) a message with `routing_key` goes to."""
-        if not self.superstream:
-            return [self.target]
-        if routing_key is None:
-            where = f" (row {row})" if row >= 0 else ""
-            raise ConfigurationError(
-                f"a null routing_key{where}: writing to super stream '{self.target}' needs a routing_key "
-                "column with a value in every row"
-            )
-        strategy = self.s.routing_strategy
-        if strategy == "hash":
-            return [self._partitions[hash_partition(routing_key, len(self._partitions))]]
-        if strategy == "key":
-            found = self._routes.get(routing_key)
-            if found is None:
-                aio = AsyncBrokerClient(self.conn, patient=True)
-                found = run_sync(aio.route(routing_key, self.target), ROUTING_CALL_TIMEOUT_S, "route")
-                self._routes[routing_key] = found
-            if not found:
-                raise ConfigurationError(
-                    f"routing key '{routing_key}' matches no binding of super stream '{self.target}' "
-                    "(routingStrategy=key routes by the broker's bindings)"
-                )
-            return found
-        assert self._custom is not None
-        chosen = self._custom(routing_key, list(self._partitions))
-        streams = [chosen] if isinstance(chosen, str) else list(chosen)
-        unknown = [x for x in streams if x not in self._partitions]
-        if unknown or not streams:
-            raise ConfigurationError(
-                f"partitionerClass returned {streams!r} for key '{routing_key}'; valid partitions: "
-                f"{self._partitions}"
-            )
-        return streams
+        return self.router.route(routing_key, row)
 
     def send(
         self,
@@ -618,28 +430,11 @@ class StreamProducer:
         if not messages:
             return
         base = self.messages  # rows of earlier sends: errors number the rows of the whole task
-        groups: dict[str, _Group] = {}
-        if not self.superstream:
-            groups[self.target] = _Group(
-                list(messages),
-                list(filter_values) if filter_values is not None else None,
-                list(range(base, base + len(messages))),
-            )
-        else:
-            if routing_keys is None:
-                raise ConfigurationError(
-                    f"writing to super stream '{self.target}' needs a routing_key column"
-                )
-            for i, m in enumerate(messages):
-                for stream in self.route(routing_keys[i], base + i):
-                    group = groups.get(stream)
-                    if group is None:
-                        group = groups[stream] = _Group([], [] if filter_values is not None else None, [])
-                    group.add(m, filter_values[i] if filter_values is not None else None, base + i)
+        groups = self.router.group(messages, routing_keys, filter_values, base)
         run_sync(self._send(groups), None, "publish")
         self.messages += len(messages)
 
-    async def _send(self, groups: dict[str, _Group]) -> None:
+    async def _send(self, groups: dict[str, Group]) -> None:
         for stream, g in groups.items():
             pub = await self._publisher(stream)
             await pub.publish(g.messages, g.filters, self.s, g.rows)
