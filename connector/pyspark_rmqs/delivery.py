@@ -46,6 +46,17 @@ RUN_COLUMN = "rmqs_run"
 DELIVERY_MODES = ("exactly_once", "at_least_once")
 
 
+def takes_token(fn: Any) -> bool:
+    """Whether a user sink takes the run's token (`token=` keyword, or **kwargs)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "token" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def check_delivery(delivery: str) -> str:
     if delivery not in DELIVERY_MODES:
         raise ConfigurationError(f"delivery must be one of {', '.join(DELIVERY_MODES)}; got {delivery!r}")

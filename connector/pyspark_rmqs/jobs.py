@@ -19,7 +19,6 @@ pyspark is imported only inside the Spark-running functions: planning is metadat
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import sys
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery
+from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery, takes_token
 from pyspark_rmqs.errors import (
     CommitState,
     ConfigurationError,
@@ -406,13 +405,7 @@ def _commit_files(
 
 def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:
     """`sink(df, token=...)` when the sink takes a `token` keyword, else `sink(df)`."""
-    try:
-        params = inspect.signature(sink).parameters
-    except (TypeError, ValueError):
-        return sink(df)
-    if "token" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return sink(df, token=token)
-    return sink(df)
+    return sink(df, token=token) if takes_token(sink) else sink(df)
 
 
 def _count(summary: RunSummary, counts: dict[str, int] | None) -> None:

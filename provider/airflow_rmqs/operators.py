@@ -29,6 +29,7 @@ from airflow_rmqs import values
 from airflow_rmqs.failures import airflow_failures
 from airflow_rmqs.hooks import RabbitMQStreamHook, check_target, secret_values
 from pyspark_rmqs import jobs
+from pyspark_rmqs.delivery import check_delivery, takes_token
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions
 
@@ -260,7 +261,12 @@ class RabbitMQStreamReadOperator(_SparkOperator):
     :param end: "latest" (the tails when the task starts), per-stream offsets, or a timestamp.
     :param max_messages: cap on the messages one run reads, split across partitions by backlog.
     :param output_path: write the rows there with `output_format` / `output_mode` / `output_options`.
-    :param process: instead of `output_path`, `process(df, context)` is the sink.
+    :param process: instead of `output_path`, `process(df, context)` is the sink; a `process` taking a
+        `token` keyword also gets the run's range token (`pyspark_rmqs.delivery.RunToken`), the same
+        for every retry of the range, to make its own writes idempotent (MERGE on stream and offset).
+    :param delivery: "exactly_once" (default) stages, publishes and commits `output_path`'s files
+        under the run's range token, so a retry of a committed range writes nothing again;
+        "at_least_once" writes straight to `output_path` (a retry may write a range twice).
     :param store_watermark: store `end - 1` per stream after the sink succeeded (False for backfills).
         A watermark run records its plan in the broker first: a retry reads exactly the same range.
         Runs are serialised (`max_active_tis_per_dag=1` unless given): two runs on one consumer
@@ -296,10 +302,11 @@ class RabbitMQStreamReadOperator(_SparkOperator):
         output_mode: str = "append",
         output_options: Mapping[str, str] | str | None = None,
         output_partition_by: list[str] | None = None,
-        process: Callable[[DataFrame, Any], Any] | None = None,
+        process: Callable[..., Any] | None = None,
         store_watermark: bool = True,
         fail_on_data_loss: bool = True,
         metadata_fields: str | None = None,
+        delivery: str = "exactly_once",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("max_active_tis_per_dag", 1)  # one run per consumer name at a time
@@ -322,10 +329,13 @@ class RabbitMQStreamReadOperator(_SparkOperator):
         self.store_watermark = store_watermark
         self.fail_on_data_loss = fail_on_data_loss
         self.metadata_fields = metadata_fields
+        self.delivery = check_delivery(delivery)
 
-    def _sink(self, context: Any) -> Callable[[DataFrame], Any]:
+    def _sink(self, context: Any) -> Callable[..., Any]:
         if self.process is not None:
             process = self.process
+            if takes_token(process):
+                return lambda df, token: process(df, context, token=token)
             return lambda df: process(df, context)
         return jobs.write_output(
             str(self.output_path),
@@ -333,6 +343,7 @@ class RabbitMQStreamReadOperator(_SparkOperator):
             self.output_mode,
             values.options(self.output_options, "output_options"),
             self.output_partition_by,
+            delivery=self.delivery,
         )
 
     def _lineage_paths(self) -> tuple[list[str], list[str]]:
@@ -367,6 +378,8 @@ class RabbitMQStreamReadOperator(_SparkOperator):
                     self._sink(context),
                     store_watermark=self.store_watermark,
                     metadata_fields=self.metadata_fields,
+                    pipeline=pipeline_of(context),
+                    retry_count=retries_of(context),
                 )
             finally:
                 self._untag()
@@ -744,3 +757,20 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         }
         self.log.info("rmqs: produced %s", self._summary)
         return self._summary
+
+
+def pipeline_of(context: Any) -> str | None:
+    """`dag_id/task_id` of the running task (the pipeline identity in run summaries)."""
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None:
+        return None
+    return f"{ti.dag_id}/{ti.task_id}"
+
+
+def retries_of(context: Any) -> int:
+    """How many tries of this task ran before this one."""
+    ti = context.get("ti") if hasattr(context, "get") else None
+    try:
+        return max(0, int(ti.try_number) - 1) if ti is not None else 0
+    except (TypeError, ValueError):
+        return 0

@@ -104,9 +104,11 @@ STREAM = os.environ["RMQS_TEST_STREAM"]
 CONN_ID = os.environ["RMQS_TEST_CONN_ID"]
 
 
-def sink_then_fail_once(df, context):
+def sink_then_fail_once(df, context, token):
     """Write the rows, then fail the first attempt before the sink "commits" (returns)."""
     attempt = context["ti"].try_number
+    with open(os.path.join(OUT, f"token-{attempt}.json"), "w") as f:
+        json.dump(token.to_dict(), f)
     stored = RabbitMQStreamHook(CONN_ID).stored("job", stream=STREAM)
     with open(os.path.join(OUT, f"watermark-before-{attempt}.json"), "w") as f:
         json.dump(stored, f)
@@ -159,6 +161,11 @@ def test_failure_before_the_sink_commit_keeps_the_watermark_and_the_retry_reread
     assert summary["rows"] == 40
     assert summary["start_offsets"] == {s: 0} and summary["end_offsets"] == {s: 40}
     assert summary["resumed_plan"] is True
+    # The process got the run's range token, the same on the retry (to make its own writes idempotent).
+    tokens = [json.loads((tmp_path / f"token-{i}.json").read_text()) for i in (1, 2)]
+    assert tokens[0] == tokens[1] == {"token": summary["token"], "consumer": "job", "ranges": {s: [0, 40]}}
+    assert summary["pipeline"] == "rmqs_test_retry/read" and summary["retry_count"] == 1
+    assert summary["records_read"] == summary["records_written"] == 40
     # The password is in no log line, XCom value or rendered field.
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
 
