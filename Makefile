@@ -63,6 +63,7 @@ bench: setup broker-up
 	$(PY) -m bench.consume
 	$(PY) -m bench.spark_read
 	$(PY) -m bench.spark_write
+	$(PY) -m bench.exactly_once
 
 # Re-resolve the locked versions after changing dependencies in pyproject.toml.
 lock:

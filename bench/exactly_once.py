@@ -1,0 +1,53 @@
+"""The cost of exactly-once delivery: a watermark run into Parquet, exactly-once against at-least-once.
+
+    .venv/bin/python -m bench.exactly_once [--messages N] [--rounds R]
+
+N 100-byte messages (default 1,000,000) in one stream. Each round runs `jobs.plan_read` +
+`jobs.run_read` into Parquet twice with fresh consumers and folders: once with
+`delivery="at_least_once"` (the baseline, written straight into the folder) and once with the
+default exactly-once (staged, renamed into `rmqs_run=<token>/`, commit record, then the watermark).
+Prints the best time of each and the overhead: `exactly-once overhead: +X.X%`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import uuid
+from pathlib import Path
+
+from bench.common import connection, fill, report, spark_session, temp_stream, timed
+from pyspark_rmqs import jobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    conn = connection()
+    spark = spark_session("rmqs-bench-exactly-once")
+    best: dict[str, float] = {}
+    with temp_stream(conn) as stream, tempfile.TemporaryDirectory() as tmp:
+        fill(conn, stream, args.messages)
+        for _ in range(args.rounds):
+            for delivery in ("at_least_once", "exactly_once"):
+                consumer = f"bench-{uuid.uuid4().hex[:8]}"
+                out = Path(tmp) / consumer
+                sink = jobs.write_output(str(out), delivery=delivery)
+
+                def run() -> int:
+                    plan = jobs.plan_read(conn, stream=stream, consumer=consumer)  # noqa: B023
+                    return int(jobs.run_read(spark, conn, plan, sink, metadata_fields="").rows or 0)  # noqa: B023
+
+                seconds, rows = timed(run)
+                assert rows == args.messages, f"{delivery} read {rows} rows"
+                best[delivery] = min(best.get(delivery, seconds), seconds)
+    base = report("at-least-once run into Parquet", args.messages, best["at_least_once"])
+    report("exactly-once run into Parquet", args.messages, best["exactly_once"], base)
+    overhead = best["exactly_once"] / best["at_least_once"] - 1
+    print(f"exactly-once overhead: {overhead * 100:+.1f}%", flush=True)
+
+
+if __name__ == "__main__":
+    main()
