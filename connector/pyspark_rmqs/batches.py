@@ -1,14 +1,19 @@
-"""Chunks -> Arrow RecordBatches of the exact source schema.
+"""Arrow <-> messages, both directions: chunks -> RecordBatches (read), rows -> messages (write).
 
-Columns are built from whole slices of chunks: offsets and chunk timestamps from buffers, values
-with one C-level conversion; the per-message Python work is only finding each body. Metadata
+Reading: columns are built from whole slices of chunks: offsets and chunk timestamps from buffers,
+values with one C-level conversion; the per-message Python work is only finding each body. Metadata
 columns decode each message fully and are built only when `metadataFields` asks for them.
+
+Writing: `encode_row` is the one encoder of a message from a row (the Spark sink's rows through
+`MessageEncoder`, `produce.publish`'s dicts): `value`, `properties` (with `creation_time`),
+`application_properties` (a `routing_key` is stored there too, where the source's `routing_key`
+column reads it from) and `message_annotations`; a row with only a value is one data section.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +24,7 @@ from pyspark_rmqs.errors import DataError
 from pyspark_rmqs.schema import (
     PROPERTIES_FIELDS,
     PROPERTIES_TYPE,
+    SINK_COLUMNS,
     STRING_MAP,
     TS,
     source_arrow_schema,
@@ -220,3 +226,99 @@ def _map_array(maps: list[dict[Any, Any] | None]) -> pa.MapArray:
         type=STRING_MAP,
         mask=pa.array(mask, pa.bool_()),
     )
+
+
+# --------------------------------------------------------------------------- rows -> messages
+
+
+def message_body(value: Any, where: str) -> bytes:
+    """A message body from a `value` (bytes or str, UTF-8); `where` names the row in errors."""
+    if value is None:
+        raise DataError(f"{where} has a null 'value'; every message needs a body")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise DataError(f"{where}: a message value must be bytes or str, got {type(value).__name__}")
+
+
+def encode_row(row: Mapping[str, Any], where: str) -> bytes:
+    """One message from a row of sink columns (or a dict of them); `where` names it in errors."""
+    body = message_body(row.get("value"), where)
+    props = dict(row.get("properties") or {})
+    if row.get("creation_time") is not None:
+        props["creation_time"] = row["creation_time"]
+    app = dict(row.get("application_properties") or {})
+    if row.get("routing_key") is not None:
+        app.setdefault("routing_key", str(row["routing_key"]))
+    ann = dict(row.get("message_annotations") or {})
+    if not props and not app and not ann:
+        return codec.encode_body(body)
+    return codec.encode(body, props or None, app or None, ann or None)
+
+
+def filter_value(path: str | None, row: Mapping[str, Any]) -> str | None:
+    """The filter value `filterValuePath` names in a row: `routing_key` or `<section>.<key>`."""
+    if path is None:
+        return None
+    if path == "routing_key":
+        v = row.get("routing_key")
+    else:
+        head, _, key = path.partition(".")
+        section = row.get(head)
+        if head == "properties":
+            v = section.get(key) if isinstance(section, dict) else None
+        else:
+            v = dict(section).get(key) if section else None
+    return None if v is None else str(codec.to_text(v))
+
+
+class MessageEncoder:
+    """One Arrow batch -> (messages, routing keys, filter values); rows numbered across batches.
+
+    `stream` (a plain stream's name) makes a `stream` column that names another stream an error;
+    None (a super stream) routes by `routing_key` instead.
+    """
+
+    def __init__(
+        self, columns: Sequence[str], *, filter_value_path: str | None = None, stream: str | None = None
+    ) -> None:
+        self.columns = [c for c in columns if c in SINK_COLUMNS]
+        self.filter_value_path = filter_value_path
+        self.stream = stream
+        self.body_only = set(self.columns) <= {"value", "stream"} and not filter_value_path
+        self.rows_seen = 0
+
+    def encode(
+        self, batch: pa.RecordBatch
+    ) -> tuple[list[bytes], list[str | None] | None, list[str | None] | None]:
+        names = batch.schema.names
+        values = batch.column(names.index("value")).to_pylist()
+        base = self.rows_seen
+        self.rows_seen += len(values)
+        self._check_stream(batch, names, base)
+        keys = batch.column(names.index("routing_key")).to_pylist() if "routing_key" in names else None
+        if self.body_only:
+            msgs = []
+            for i, v in enumerate(values):
+                if not isinstance(v, bytes):  # a str, or a null: the error names the row
+                    v = message_body(v, f"row {base + i} of this task")
+                msgs.append(codec.encode_body(v))
+            return msgs, keys, None
+        msgs = []
+        filters: list[str | None] | None = [] if self.filter_value_path else None
+        for i, row in enumerate(batch.to_pylist()):
+            msgs.append(encode_row(row, f"row {base + i} of this task"))
+            if filters is not None:
+                filters.append(filter_value(self.filter_value_path, row))
+        return msgs, keys, filters
+
+    def _check_stream(self, batch: pa.RecordBatch, names: list[str], base: int) -> None:
+        if self.stream is None or "stream" not in names:
+            return
+        for i, s in enumerate(batch.column(names.index("stream")).to_pylist()):
+            if s != self.stream:
+                raise DataError(
+                    f"row {base + i} of this task names stream {s!r} but this write goes to stream "
+                    f"'{self.stream}' (option 'stream'); to write to several streams use a super stream"
+                )

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pyspark_rmqs import codec
+from pyspark_rmqs.batches import encode_row, message_body
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.errors import ConfigurationError, DataError
 
@@ -20,35 +21,18 @@ _KEYS = frozenset(("value", "routing_key", "properties", "application_properties
 BATCH = 1000  # messages handed to the producer at a time (it keeps its own confirm window)
 
 
-def _body(v: Any, where: str) -> bytes:
-    if isinstance(v, bytes | bytearray | memoryview):
-        return bytes(v)
-    if isinstance(v, str):
-        return v.encode("utf-8")
-    raise DataError(f"{where}: a message value must be bytes or str, got {type(v).__name__}")
-
-
 def encode_message(message: Any, index: int = -1) -> tuple[bytes, str | None]:
-    """One message (bytes, str or dict) -> (AMQP 1.0 bytes, routing key or None)."""
+    """One message (bytes, str or dict) -> (AMQP 1.0 bytes, routing key or None): the sink's encoder."""
     where = f"message {index}" if index >= 0 else "message"
     if not isinstance(message, Mapping):
-        return codec.encode_body(_body(message, where)), None
+        return codec.encode_body(message_body(message, where)), None
     unknown = sorted(set(message) - _KEYS)
     if unknown:
         raise DataError(f"{where} has unknown key(s) {unknown}; valid: {sorted(_KEYS)}")
     if message.get("value") is None:
         raise DataError(f"{where} has no 'value'; every message needs a body")
     key = message.get("routing_key")
-    key = None if key is None else str(key)
-    props = message.get("properties") or None
-    app = dict(message.get("application_properties") or {})
-    if key is not None:
-        app.setdefault("routing_key", key)
-    ann = message.get("message_annotations") or None
-    body = _body(message["value"], where)
-    if not props and not app and not ann:
-        return codec.encode_body(body), key
-    return codec.encode(body, props, app or None, ann), key
+    return encode_row(message, where), None if key is None else str(key)
 
 
 def publish(

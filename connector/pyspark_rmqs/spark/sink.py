@@ -30,7 +30,6 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -48,7 +47,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_rmqs import codec
+from pyspark_rmqs.batches import MessageEncoder
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.errors import ConfigurationError, DataError
 from pyspark_rmqs.options import SinkOptions
@@ -231,95 +230,17 @@ def _settings(opts: SinkOptions, dedup: Dedup) -> WriteSettings:
     )
 
 
-def _filter_value(path: str | None, row: dict[str, Any]) -> str | None:
-    if path is None:
-        return None
-    if path == "routing_key":
-        v = row.get("routing_key")
-    else:
-        head, _, key = path.partition(".")
-        section = row.get(head)
-        if head == "properties":
-            v = section.get(key) if isinstance(section, dict) else None
-        else:
-            v = dict(section).get(key) if section else None
-    return None if v is None else str(codec.to_text(v))
-
-
-class _Encoder:
-    """One Arrow batch -> (messages, routing keys, filter values); row positions for errors.
-
-    A `routing_key` column is also stored as the application property `routing_key`, which is
-    where the source's `routing_key` column reads it from.
-    """
-
-    def __init__(self, opts: SinkOptions, columns: list[str]) -> None:
-        self.opts = opts
-        self.columns = [c for c in columns if c in SINK_COLUMNS]
-        self.body_only = set(self.columns) <= {"value", "stream"} and not opts.filter_value_path
-        self.rows_seen = 0
-
-    def encode(
-        self, batch: pa.RecordBatch
-    ) -> tuple[list[bytes], list[str | None] | None, list[str | None] | None]:
-        names = batch.schema.names
-        values = batch.column(names.index("value")).to_pylist()
-        base = self.rows_seen
-        self.rows_seen += len(values)
-        self._check_stream(batch, names, base)
-        keys = batch.column(names.index("routing_key")).to_pylist() if "routing_key" in names else None
-        if self.body_only:
-            msgs = []
-            for i, v in enumerate(values):
-                if v is None:
-                    raise DataError(
-                        f"row {base + i} of this task has a null 'value'; every message needs a body"
-                    )
-                msgs.append(codec.encode_body(v.encode("utf-8") if isinstance(v, str) else v))
-            return msgs, keys, None
-        rows = batch.to_pylist()
-        msgs = []
-        filters: list[str | None] | None = [] if self.opts.filter_value_path else None
-        for i, row in enumerate(rows):
-            v = row.get("value")
-            if v is None:
-                raise DataError(f"row {base + i} of this task has a null 'value'; every message needs a body")
-            props = dict(row.get("properties") or {})
-            if row.get("creation_time") is not None:
-                props["creation_time"] = row["creation_time"]
-            app = dict(row.get("application_properties") or {})
-            if row.get("routing_key") is not None:
-                app.setdefault("routing_key", row["routing_key"])
-            msgs.append(
-                codec.encode(
-                    v.encode("utf-8") if isinstance(v, str) else v,
-                    props or None,
-                    app or None,
-                    dict(row.get("message_annotations") or {}) or None,
-                )
-            )
-            if filters is not None:
-                filters.append(_filter_value(self.opts.filter_value_path, row))
-        return msgs, keys, filters
-
-    def _check_stream(self, batch: pa.RecordBatch, names: list[str], base: int) -> None:
-        if self.opts.is_super_stream or "stream" not in names:
-            return
-        for i, s in enumerate(batch.column(names.index("stream")).to_pylist()):
-            if s != self.opts.stream:
-                raise DataError(
-                    f"row {base + i} of this task names stream {s!r} but this write goes to stream "
-                    f"'{self.opts.stream}' (option 'stream'); to write to several streams use a super stream"
-                )
-
-
 def write_task(
     opts: SinkOptions, columns: list[str], job_token: str, batches: Iterator[pa.RecordBatch]
 ) -> WriteResult:
     """Executor side: publish every row of this task and wait for every confirm."""
     task = _task_identity()
     dedup = dedup_for(opts.producer_name, job_token, task)
-    encoder = _Encoder(opts, columns)
+    encoder = MessageEncoder(
+        columns,
+        filter_value_path=opts.filter_value_path,
+        stream=None if opts.is_super_stream else opts.stream,
+    )
     producer = StreamProducer(
         opts.connection, opts.name, superstream=opts.is_super_stream, settings=_settings(opts, dedup)
     )
