@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
 
 # A run's plan is kept in the broker as the stored offsets of two companion tracking names.
@@ -117,7 +118,11 @@ async def awatermarks(
 def watermarks(
     conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
 ) -> Watermarks:
-    return run_sync(awatermarks(conn, consumer, stream=stream, superstream=superstream), 120, "watermarks")
+    return run_sync(
+        awatermarks(conn, consumer, stream=stream, superstream=superstream),
+        WATERMARKS_TIMEOUT_S,
+        "watermarks",
+    )
 
 
 async def astore_watermarks(conn: Any, consumer: str, last_offsets: Mapping[str, int]) -> None:
@@ -126,7 +131,7 @@ async def astore_watermarks(conn: Any, consumer: str, last_offsets: Mapping[str,
 
 
 def store_watermarks(conn: Any, consumer: str, last_offsets: Mapping[str, int]) -> None:
-    run_sync(astore_watermarks(conn, consumer, last_offsets), 120, "store watermarks")
+    run_sync(astore_watermarks(conn, consumer, last_offsets), WATERMARKS_TIMEOUT_S, "store watermarks")
 
 
 def watermarks_after(ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
@@ -174,7 +179,7 @@ async def apending_plan(conn: Any, w: Watermarks) -> dict[str, tuple[int, int]]:
 
 
 def pending_plan(conn: Any, w: Watermarks) -> dict[str, tuple[int, int]]:
-    return run_sync(apending_plan(conn, w), 120, "pending plan")
+    return run_sync(apending_plan(conn, w), WATERMARKS_TIMEOUT_S, "pending plan")
 
 
 def record_plan(conn: Any, consumer: str, ranges: Mapping[str, tuple[int, int]]) -> None:
@@ -193,7 +198,7 @@ def record_plan(conn: Any, consumer: str, ranges: Mapping[str, tuple[int, int]])
         await client.store_offsets(start_name, {s: a for s, (a, _) in todo.items()})
         await client.store_offsets(end_name, {s: b for s, (_, b) in todo.items()})
 
-    run_sync(record(), 120, "record plan")
+    run_sync(record(), WATERMARKS_TIMEOUT_S, "record plan")
 
 
 def store_watermarks_checked(
@@ -221,7 +226,7 @@ def store_watermarks_checked(
                 _conflict(consumer, raced, "while this run stored (expected, found)")
             )
 
-    run_sync(check_and_store(), 120, "store watermarks")
+    run_sync(check_and_store(), WATERMARKS_TIMEOUT_S, "store watermarks")
 
 
 def _conflict(consumer: str, moved: Mapping[str, tuple[int | None, int | None]], when: str) -> str:
