@@ -18,15 +18,18 @@ Used by the Spark-free Airflow operator and by Dagster's `engine="arrow"`; impor
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
+from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.jobs import ReadPlan, RunSummary
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
 from pyspark_rmqs.watermarks import store_watermarks_checked, watermarks, watermarks_after
@@ -179,45 +182,61 @@ def run_consume(
     metadata_fields: str | None = None,
     source_options: Mapping[str, str] | None = None,
     settings: ReadSettings | None = None,
+    pipeline: str | None = None,
+    retry_count: int = 0,
 ) -> RunSummary:
     """Read `plan` into `sink` without Spark; then, and only then, store `plan.consumer`'s watermarks.
 
     The summary is `jobs.RunSummary` (as `jobs.run_read` returns it) plus `rows_per_stream`, the
     `files` a file sink wrote, and `data_loss` (offsets retention removed, failOnDataLoss=false).
+    A `ParquetSink` commits the run under its range token (`delivery.py`): a retry of a committed
+    range reads and writes nothing again and only stores the watermark. A function taking `token=`
+    receives the run's `RunToken` with every batch.
     """
-    import pyarrow.compute as pc
-
     t0 = time.monotonic()
+    token = RunToken(plan.consumer, plan.ranges)
     target: RangeSink = sink if isinstance(sink, RangeSink) else FunctionSink(sink)
+    if isinstance(target, FunctionSink) and takes_token(target.fn):
+        target.kwargs = {**target.kwargs, "token": token}
     s = settings or read_settings(conn, plan, metadata_fields=metadata_fields, source_options=source_options)
-    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0)
+    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
+    summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
+    commits = FileCommits(target.uri) if isinstance(target, ParquetSink) and local_path(target.uri) else None
+    summary.delivery = "exactly_once" if commits is not None else "at_least_once"
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
-    for stream, (start, end) in plan.ranges.items():
-        reader = RangeReader(conn, stream, start, end, s)
-        target.open(stream, start, end, BatchBuilder(stream, s.metadata_fields).schema)
-        rows = 0
+    record = commits.record(token) if commits is not None and not plan.is_empty else None
+    if record is not None:
+        log.info("range %s was committed by an earlier attempt: not read or written again", plan.ranges)
+        summary.rows, summary.bytes = record.rows, record.bytes
+        summary.extra["sink_skipped"] = True
+        summary.extra["files"] = [str(commits.root / f) for f in record.files] if commits else []
+    else:
         try:
-            for batch in reader:
-                target.write(batch)
-                rows += batch.num_rows
-                summary.bytes = (summary.bytes or 0) + int(
-                    pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
-                )
-            target.close()
-        except BaseException:
-            target.abort()
-            raise
-        per_stream[stream] = rows
-        summary.rows = (summary.rows or 0) + rows
-        if reader.lost:
-            lost[stream] = [min(lo for lo, _ in reader.lost), max(hi for _, hi in reader.lost)]
+            _consume(conn, plan, target, s, summary, per_stream, lost)
+        except BaseException as e:
+            raise mark_commit_state(e, CommitState.BEFORE) from None
+        if commits is not None and not plan.is_empty:
+            t_commit = time.monotonic()
+            try:
+                files = [str(Path(f).relative_to(commits.root)) for f in getattr(target, "outputs", [])]
+                commits.commit(token, files, summary.rows, summary.bytes)
+            except BaseException as e:
+                raise mark_commit_state(e, CommitState.UNKNOWN) from None
+            summary.commit_ms = round((time.monotonic() - t_commit) * 1000, 3)
     if store_watermark and plan.consumer and not plan.is_empty:
-        store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+        t_store = time.monotonic()
+        try:
+            store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+        except BaseException as e:
+            if commits is not None:
+                mark_commit_state(e, CommitState.COMMITTED)
+            raise
+        summary.commit_ms = round((summary.commit_ms or 0.0) + (time.monotonic() - t_store) * 1000, 3)
         summary.watermark_stored = True
     summary.extra["rows_per_stream"] = per_stream
     outputs = getattr(target, "outputs", None)
-    if outputs is not None:
+    if outputs is not None and record is None:
         summary.extra["files"] = list(outputs)
     if not plan.fail_on_data_loss:
         summary.extra["data_loss"] = lost
@@ -227,5 +246,55 @@ def run_consume(
         kw = {"superstream": plan.target} if plan.superstream else {"stream": plan.target}
         summary.lag_after = watermarks(conn, plan.consumer, **kw).total_lag
     summary.seconds = round(time.monotonic() - t0, 3)
-    log.info("rmqs consume on '%s': %s rows from %s", plan.target, summary.rows, plan.ranges or "nothing")
+    log.info("rmqs consume on '%s': %s", plan.target, json.dumps(summary.to_dict(), default=str))
     return summary
+
+
+def _consume(
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    target: RangeSink,
+    s: ReadSettings,
+    summary: RunSummary,
+    per_stream: dict[str, int],
+    lost: dict[str, list[int]],
+) -> None:
+    """Every range of `plan` through `target`, measuring fetch (reader) and flush (sink) time."""
+    import pyarrow.compute as pc
+
+    fetch = flush = 0.0
+    batches = 0
+    for stream, (start, end) in plan.ranges.items():
+        reader = RangeReader(conn, stream, start, end, s)
+        target.open(stream, start, end, BatchBuilder(stream, s.metadata_fields).schema)
+        rows = 0
+        try:
+            it = iter(reader)
+            while True:
+                t = time.monotonic()
+                batch = next(it, None)
+                fetch += time.monotonic() - t
+                if batch is None:
+                    break
+                t = time.monotonic()
+                target.write(batch)
+                flush += time.monotonic() - t
+                batches += 1
+                rows += batch.num_rows
+                summary.bytes = (summary.bytes or 0) + int(
+                    pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+                )
+            t = time.monotonic()
+            target.close()
+            flush += time.monotonic() - t
+        except BaseException:
+            target.abort()
+            raise
+        per_stream[stream] = rows
+        summary.rows = (summary.rows or 0) + rows
+        if reader.lost:
+            lost[stream] = [min(lo for lo, _ in reader.lost), max(hi for _, hi in reader.lost)]
+    summary.records_written = summary.rows
+    summary.batches = batches
+    summary.fetch_ms = round(fetch * 1000, 3)  # reading and decoding chunks into Arrow batches
+    summary.flush_ms = round(flush * 1000, 3)

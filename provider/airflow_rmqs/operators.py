@@ -670,6 +670,8 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
                 store_watermark=self.store_watermark,
                 metadata_fields=self.metadata_fields,
                 source_options=values.options(self.source_options, "source_options"),
+                pipeline=pipeline_of(context),
+                retry_count=retries_of(context),
             )
         self._summary = summary.to_dict()
         return self._summary

@@ -1,0 +1,47 @@
+"""A Spark-free watermark run (consume into Parquet) that kills its own process at a chosen point.
+
+    python -m tests.e2e.faults.consume_job CONFIG_JSON
+
+CONFIG_JSON: {"endpoints", "username", "password", "vhost", "superstream", "consumer", "out", "kill"};
+`kill`: `sink` (after the first partition stream's file is in place, the others not written),
+`commit` (after the commit record, before the watermark store) or `stored` (after the store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(cfg: dict[str, Any]) -> None:
+    from pyspark_rmqs import consume, jobs
+    from pyspark_rmqs.options import parse_connection_options
+
+    conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
+    kill = cfg["kill"]
+    if kill == "sink":
+        real_close = consume.ParquetSink.close
+
+        def close_then_die(self: Any) -> None:
+            real_close(self)
+            _die()
+
+        consume.ParquetSink.close = close_then_die  # type: ignore[method-assign]
+    elif kill == "commit":
+        consume.store_watermarks_checked = lambda *a, **k: _die()  # type: ignore[assignment]
+    plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
+    consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"]))
+    if kill == "stored":
+        _die()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

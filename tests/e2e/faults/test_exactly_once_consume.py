@@ -1,0 +1,68 @@
+"""Exactly-once without Spark: a consume run into Parquet SIGKILLed at each point, then retried."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from pyspark_rmqs import consume, jobs
+from pyspark_rmqs.delivery import COMMITS
+from pyspark_rmqs.watermarks import watermarks
+from tests.conftest import StreamFactory
+from tests.support.broker import REPO, BrokerSettings
+from tests.support.data import conn_of, publish
+
+pytestmark = [pytest.mark.broker]
+
+
+def _offsets(out: Path) -> list[tuple[str, int]]:
+    table = ds.dataset(str(out), format="parquet").to_table(columns=["stream", "offset"])
+    return sorted(zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("kill", ["sink", "commit", "stored"])
+def test_a_consume_run_killed_anywhere_then_retried_writes_every_offset_once(
+    broker: BrokerSettings, streams: StreamFactory, tmp_path: Path, kill: str
+) -> None:
+    name, parts = streams.super_stream(2)
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(300)])
+    conn = conn_of(broker)
+    out = tmp_path / "out"
+    cfg = {
+        "endpoints": f"{broker.host}:{broker.port}",
+        "username": broker.username,
+        "password": broker.password,
+        "vhost": broker.vhost,
+        "superstream": name,
+        "consumer": "eoc",
+        "out": str(out),
+        "kill": kill,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.faults.consume_job", json.dumps(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -9, f"the run was not killed ({done.returncode}): {done.stderr[-3000:]}"
+    retry = jobs.plan_read(conn, superstream=name, consumer="eoc")
+    summary = consume.run_consume(conn, retry, consume.ParquetSink(str(out)))
+    expected = sorted((p, o) for p in parts for o in range(300))
+    assert _offsets(out) == expected  # every (stream, offset) exactly once
+    assert {
+        p.stream: p.stored for p in watermarks(conn, "eoc", superstream=name).partitions
+    } == dict.fromkeys(parts, 299)
+    if kill == "commit":
+        assert summary.extra.get("sink_skipped") is True and summary.records_written == 0
+    if kill == "sink":
+        assert retry.resumed and summary.records_written == 600
+    if kill == "stored":
+        assert retry.is_empty
+    assert len(list((out / COMMITS).glob("*.json"))) == 1
