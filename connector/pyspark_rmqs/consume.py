@@ -206,16 +206,32 @@ def run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    if record is not None:
+    committed_run = getattr(target, "committed", None)  # a sink keeping its own commits (Iceberg)
+    if committed_run is not None:
+        summary.delivery = "exactly_once"
+    if record is None and committed_run is not None and not plan.is_empty and committed_run(token):
+        log.info("range %s is already in %s (token %s): not written again", plan.ranges, target, token.value)
+        summary.rows = summary.bytes = None
+        summary.extra["sink_skipped"] = True
+    elif record is not None:
         log.info("range %s was committed by an earlier attempt: not read or written again", plan.ranges)
         summary.rows, summary.bytes = record.rows, record.bytes
         summary.extra["sink_skipped"] = True
         summary.extra["files"] = [str(commits.root / f) for f in record.files] if commits else []
     else:
         try:
+            if hasattr(target, "begin_run"):
+                target.begin_run(token)
             _consume(conn, plan, target, s, summary, per_stream, lost)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.BEFORE) from None
+        if hasattr(target, "commit_run"):
+            t_commit = time.monotonic()
+            try:
+                target.commit_run()
+            except BaseException as e:
+                raise mark_commit_state(e, CommitState.UNKNOWN) from None
+            summary.commit_ms = round((time.monotonic() - t_commit) * 1000, 3)
         if commits is not None and not plan.is_empty:
             t_commit = time.monotonic()
             try:
@@ -229,14 +245,14 @@ def run_consume(
         try:
             store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
         except BaseException as e:
-            if commits is not None:
+            if summary.delivery == "exactly_once":
                 mark_commit_state(e, CommitState.COMMITTED)
             raise
         summary.commit_ms = round((summary.commit_ms or 0.0) + (time.monotonic() - t_store) * 1000, 3)
         summary.watermark_stored = True
     summary.extra["rows_per_stream"] = per_stream
     outputs = getattr(target, "outputs", None)
-    if outputs is not None and record is None:
+    if outputs is not None and "sink_skipped" not in summary.extra:
         summary.extra["files"] = list(outputs)
     if not plan.fail_on_data_loss:
         summary.extra["data_loss"] = lost

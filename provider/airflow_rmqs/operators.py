@@ -569,7 +569,14 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
         and the `metadata_fields`), then `*apply_function_args, **apply_function_kwargs`.
     :param output_path: instead, a directory (or `s3://...` URI pyarrow can write): one Parquet file
         per partition stream and run, `<stream>-<start>-<end>.parquet`, written under a temporary
-        name and renamed when complete; a retry of the same range replaces it.
+        name and renamed when complete; a retry of the same range replaces it. A local folder also
+        gets a commit record per run (`_rmqs_commits/`): a retry of a committed range reads nothing.
+    :param output_format: "parquet" (default) or "iceberg": then `output_path` is an Iceberg table
+        (`namespace.table`, created from the source schema) in the pyiceberg catalog configured by
+        `iceberg_catalog` (pyiceberg catalog properties, e.g. `{"type": "sql", "uri": "sqlite:///...",
+        "warehouse": "file:///..."}`, and optionally its `name`, default "rmqs"); each run is one
+        atomic append whose snapshots carry its range token, so a replayed range is recognised from
+        the table itself and not appended again.
     :param source_options: reader options: `queueCapacity`, `initialCredits`, `pollTimeoutMs`,
         `maxWaitMs`, `filterValues`, `filterMatchUnfiltered`, `strictDecoding`.
     The other parameters are the read operator's.
@@ -602,6 +609,8 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
         apply_function_args: Sequence[Any] | None = None,
         apply_function_kwargs: Mapping[str, Any] | None = None,
         output_path: str | None = None,
+        output_format: str = "parquet",
+        iceberg_catalog: Mapping[str, str] | None = None,
         store_watermark: bool = True,
         fail_on_data_loss: bool = True,
         metadata_fields: str | None = None,
@@ -612,6 +621,8 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
         super().__init__(**kwargs)
         if (output_path is None) == (apply_function is None):
             raise ValueError("give exactly one of 'output_path' or 'apply_function'")
+        if output_format not in ("parquet", "iceberg"):
+            raise ValueError(f"output_format must be 'parquet' or 'iceberg'; got {output_format!r}")
         if start == "watermark" and not consumer_name:
             raise ValueError("start='watermark' needs a consumer_name (its stored offset is the watermark)")
         self.consumer_name = consumer_name
@@ -623,6 +634,8 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.output_path = output_path
+        self.output_format = output_format
+        self.iceberg_catalog = dict(iceberg_catalog or {})
         self.store_watermark = store_watermark
         self.fail_on_data_loss = fail_on_data_loss
         self.metadata_fields = metadata_fields
@@ -634,6 +647,10 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
     def _sink(self) -> Any:
         from pyspark_rmqs import consume
 
+        if self.output_path is not None and self.output_format == "iceberg":
+            from pyspark_rmqs.iceberg import IcebergSink
+
+            return IcebergSink(str(self.output_path), self.iceberg_catalog)
         if self.output_path is not None:
             return consume.ParquetSink(str(self.output_path))
         fn = resolve_callable(self.apply_function, "apply_function")  # type: ignore[arg-type]

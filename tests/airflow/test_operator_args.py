@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
@@ -92,3 +93,29 @@ def test_read_and_drain_operators_serialise_runs_per_consumer_by_default() -> No
         task_id="w", stream="s", consumer_name="c", output_path="/tmp/x", max_active_tis_per_dag=3
     )
     assert wider.max_active_tis_per_dag == 3
+
+
+def test_consume_operator_writes_iceberg_tables_through_the_iceberg_sink(tmp_path: Path) -> None:
+    from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
+    from pyspark_rmqs.consume import ParquetSink
+    from pyspark_rmqs.iceberg import IcebergSink
+
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
+    ice = RabbitMQStreamConsumeOperator(
+        task_id="i",
+        stream="s",
+        consumer_name="c",
+        output_path="lake.t",
+        output_format="iceberg",
+        iceberg_catalog=catalog,
+    )
+    sink = ice._sink()
+    assert isinstance(sink, IcebergSink) and sink.identifier == "lake.t"
+    files = RabbitMQStreamConsumeOperator(
+        task_id="p", stream="s", consumer_name="c", output_path=str(tmp_path)
+    )
+    assert isinstance(files._sink(), ParquetSink)
+    with pytest.raises(ValueError, match="output_format must be 'parquet' or 'iceberg'"):
+        RabbitMQStreamConsumeOperator(
+            task_id="x", stream="s", consumer_name="c", output_path="p", output_format="csv"
+        )

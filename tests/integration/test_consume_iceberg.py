@@ -1,0 +1,75 @@
+"""The Spark-free consume path into Apache Iceberg (pyiceberg, SQL catalog on SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyspark_rmqs import consume, jobs
+from pyspark_rmqs.iceberg import IcebergSink
+from tests.support.broker import BrokerSettings
+from tests.support.data import conn_of, publish
+
+pytest.importorskip("pyiceberg")
+pytestmark = [pytest.mark.broker]
+
+
+def _catalog(tmp_path: Path) -> dict[str, str]:
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+
+
+def _offsets(catalog: dict[str, str], table: str) -> list[tuple[str, int]]:
+    from pyiceberg.catalog import load_catalog
+
+    t = (
+        load_catalog("rmqs", **catalog)
+        .load_table(table)
+        .scan(selected_fields=("stream", "offset"))
+        .to_arrow()
+    )
+    return sorted(zip(t.column("stream").to_pylist(), t.column("offset").to_pylist(), strict=True))
+
+
+def test_a_replayed_range_is_recognised_from_the_table_and_not_appended_again(
+    broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = streams.stream("ice")
+    publish(broker, s, [f"m{i}".encode() for i in range(400)])
+    catalog = _catalog(tmp_path)
+    conn = conn_of(broker)
+
+    def run() -> dict[str, Any]:
+        plan = jobs.plan_read(conn, stream=s, consumer="ice")
+        return consume.run_consume(conn, plan, IcebergSink("lake.events", catalog)).to_dict()
+
+    real_store = consume.store_watermarks_checked
+
+    def store_fails(*a: Any, **k: Any) -> None:
+        raise ConnectionError("broker went away after the commit, before the store")
+
+    monkeypatch.setattr(consume, "store_watermarks_checked", store_fails)
+    with pytest.raises(ConnectionError) as failed:
+        run()
+    assert getattr(failed.value, "commit_state", None) == "committed"
+    assert _offsets(catalog, "lake.events") == [(s, o) for o in range(400)]
+    monkeypatch.setattr(consume, "store_watermarks_checked", real_store)
+    publish(broker, s, [b"late"])  # not part of the pending plan
+    summary = run()
+    assert summary["resumed_plan"] is True and summary["sink_skipped"] is True
+    assert summary["delivery"] == "exactly_once" and summary["token"]
+    assert _offsets(catalog, "lake.events") == [(s, o) for o in range(400)]  # not appended twice
+    nxt = run()  # the next run appends exactly the new message
+    got = _offsets(catalog, "lake.events")
+    assert len(got) == 401 and got[:400] == [(s, o) for o in range(400)]
+    assert nxt["records_written"] == 1
+    from pyiceberg.catalog import load_catalog
+
+    snapshots = load_catalog("rmqs", **catalog).load_table("lake.events").metadata.snapshots
+    tokens = {sn.summary.additional_properties.get("rmqs.token") for sn in snapshots if sn.summary}
+    assert tokens == {summary["token"], nxt["token"]}
