@@ -102,6 +102,13 @@ class CommitState(StrEnum):
     COMMITTED = "committed"
 
 
+COMMIT_ADVICE = {
+    CommitState.BEFORE.value: "nothing was committed; a retry runs the range again",
+    CommitState.UNKNOWN.value: "the commit may have happened; a retry checks the commit record first",
+    CommitState.COMMITTED.value: "the output is committed; a retry only stores the watermark",
+}
+
+
 def mark_commit_state(exc: BaseException, state: CommitState) -> BaseException:
     """Note on `exc` where the run failed (read back by `classify`); the first mark wins."""
     if getattr(exc, "commit_state", None) is None:

@@ -8,13 +8,16 @@ are and Airflow retries them. The decision is `pyspark_rmqs.errors.classify`, sh
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from pyspark_rmqs.errors import classify
+from pyspark_rmqs.errors import COMMIT_ADVICE, classify
 from pyspark_rmqs.redact import redact_text
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -27,6 +30,12 @@ def airflow_failures(secrets: Iterable[str] = ()) -> Iterator[None]:
         raise
     except Exception as e:
         verdict = classify(e)
+        if verdict.commit_state is not None:
+            log.warning(
+                "rmqs: the run failed with commit state '%s': %s",
+                verdict.commit_state,
+                COMMIT_ADVICE[verdict.commit_state],
+            )
         if not verdict.retryable:
             raise AirflowFailException(redact_text(verdict.message, hidden)) from None
         text = str(e)

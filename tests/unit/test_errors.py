@@ -69,3 +69,14 @@ def test_data_loss_has_one_wording_and_obeys_fail_on_data_loss(caplog: pytest.Lo
     assert str(lost.value).startswith(text) and "failOnDataLoss=false" in str(lost.value)
     report_data_loss(False, text)
     assert text in caplog.text and "failOnDataLoss=false" in caplog.text
+
+
+def test_the_commit_state_of_a_failure_travels_with_it() -> None:
+    from pyspark_rmqs.errors import COMMIT_ADVICE, CommitState, mark_commit_state
+
+    e = mark_commit_state(ConnectionError("lost"), CommitState.COMMITTED)
+    mark_commit_state(e, CommitState.BEFORE)  # the first mark wins: it is where the run failed
+    verdict = classify(e)
+    assert verdict.commit_state == "committed" and verdict.retryable
+    assert set(COMMIT_ADVICE) == {s.value for s in CommitState}
+    assert classify(RuntimeError("plain")).commit_state is None
