@@ -353,23 +353,7 @@ class RabbitMQStreamReadOperator(_SparkOperator):
         require_pyspark(type(self).__name__)
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
-            plan = jobs.plan_read(
-                conn,
-                **self._target(),
-                consumer=values.optional_str(self.consumer_name),
-                start=values.position(self.start, "start", "watermark"),
-                end=values.position(self.end, "end", "latest"),
-                max_messages=values.optional_int(self.max_messages, "max_messages"),
-                starting_offsets=str(self.starting_offsets).strip().lower(),
-                fail_on_data_loss=self.fail_on_data_loss,
-                persist=self.store_watermark,
-            )
-            self.log.info(
-                "rmqs: reading '%s' ranges %s%s",
-                plan.target,
-                plan.ranges or "(nothing new)",
-                " (the pending plan of a failed try)" if plan.resumed else "",
-            )
+            plan = plan_bounded_read(self, conn, "reading")
             try:
                 summary = jobs.run_read(
                     self.spark_session(),
@@ -663,23 +647,7 @@ class RabbitMQStreamConsumeOperator(_StreamOperator):
 
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
-            plan = jobs.plan_read(
-                conn,
-                **self._target(),
-                consumer=values.optional_str(self.consumer_name),
-                start=values.position(self.start, "start", "watermark"),
-                end=values.position(self.end, "end", "latest"),
-                max_messages=values.optional_int(self.max_messages, "max_messages"),
-                starting_offsets=str(self.starting_offsets).strip().lower(),
-                fail_on_data_loss=self.fail_on_data_loss,
-                persist=self.store_watermark,
-            )
-            self.log.info(
-                "rmqs: consuming '%s' ranges %s%s",
-                plan.target,
-                plan.ranges or "(nothing new)",
-                " (the pending plan of a failed try)" if plan.resumed else "",
-            )
+            plan = plan_bounded_read(self, conn, "consuming")
             summary = consume.run_consume(
                 conn,
                 plan,
@@ -793,3 +761,26 @@ def retries_of(context: Any) -> int:
         return max(0, int(ti.try_number) - 1) if ti is not None else 0
     except (TypeError, ValueError):
         return 0
+
+
+def plan_bounded_read(op: Any, conn: ConnectionOptions, verb: str) -> jobs.ReadPlan:
+    """The read and consume operators' plan: their parameters, rendered, through `jobs.plan_read`."""
+    plan = jobs.plan_read(
+        conn,
+        **op._target(),
+        consumer=values.optional_str(op.consumer_name),
+        start=values.position(op.start, "start", "watermark"),
+        end=values.position(op.end, "end", "latest"),
+        max_messages=values.optional_int(op.max_messages, "max_messages"),
+        starting_offsets=str(op.starting_offsets).strip().lower(),
+        fail_on_data_loss=op.fail_on_data_loss,
+        persist=op.store_watermark,
+    )
+    op.log.info(
+        "rmqs: %s '%s' ranges %s%s",
+        verb,
+        plan.target,
+        plan.ranges or "(nothing new)",
+        " (the pending plan of a failed try)" if plan.resumed else "",
+    )
+    return plan

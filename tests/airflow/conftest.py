@@ -89,23 +89,6 @@ def conn_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 SECRET_PASSWORD = "Pw-" + uuid.uuid4().hex  # distinctive: any leak is found by a plain substring search
 
 
-def _management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
-    import base64
-    import json
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"http://127.0.0.1:15672/api/{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={
-            "content-type": "application/json",
-            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
-        },
-    )
-    urllib.request.urlopen(req, timeout=10).close()
-
-
 @pytest.fixture(scope="session")
 def secret_user(broker: tb.BrokerSettings) -> Iterator[tuple[str, str]]:
     """A broker user with a distinctive password (local broker only, via the management API)."""
@@ -113,12 +96,12 @@ def secret_user(broker: tb.BrokerSettings) -> Iterator[tuple[str, str]]:
         pytest.skip("needs the local broker's management API")
     user = f"rmqs-airflow-{uuid.uuid4().hex[:6]}"
     try:
-        _management("PUT", f"users/{user}", {"password": SECRET_PASSWORD, "tags": ""})
-        _management("PUT", f"permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+        tb.management("PUT", f"users/{user}", {"password": SECRET_PASSWORD, "tags": ""})
+        tb.management("PUT", f"permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
     except OSError as e:
         pytest.skip(f"management API unavailable: {e}")
     yield user, SECRET_PASSWORD
-    _management("DELETE", f"users/{user}")
+    tb.management("DELETE", f"users/{user}")
 
 
 def secret_uri(broker: tb.BrokerSettings, user: str, password: str) -> str:

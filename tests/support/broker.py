@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from rstream import Producer, SuperStreamProducer
@@ -134,3 +135,21 @@ async def delete_super_stream(s: BrokerSettings, name: str) -> None:
 
 def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
+
+
+def management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
+    """One call to the local broker's management HTTP API (guest/guest on 127.0.0.1:15672)."""
+    import base64
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:15672/api/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+        },
+    )
+    urllib.request.urlopen(req, timeout=10).close()

@@ -26,12 +26,25 @@ from pyspark_rmqs.codec import encode
 from pyspark_rmqs.errors import BrokerUnavailableError, DataLossError, WatermarkConflictError
 from pyspark_rmqs.watermarks import store_watermarks, watermarks
 from tests.conftest import StreamFactory
-from tests.support.broker import BrokerSettings
+from tests.integration.test_spark_streaming import drain
+from tests.support.broker import BrokerSettings, management
 from tests.support.data import client, conn_of, publish
 
 # 1 KiB messages, 50 KB segments, 400 KB retained: about 50 messages per segment, 8 segments kept.
 RETENTION = {"max-length-bytes": 400_000, "stream-max-segment-size-bytes": 50_000}
 BODY_PAD = b"x" * 990
+
+
+def _settled_bounds(broker: BrokerSettings, stream: str) -> tuple[int, int]:
+    """(first offset, tail) once retention stopped moving (segments are deleted in the background)."""
+    last = client(broker).bounds([stream])[stream]
+    for _ in range(50):
+        time.sleep(0.3)
+        now = client(broker).bounds([stream])[stream]
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def _publish_chunks(broker: BrokerSettings, stream: str, tag: bytes, n: int, per_chunk: int) -> None:
@@ -361,41 +374,6 @@ def test_backfills_neither_read_nor_touch_the_recorded_plan(
 # ----------------------------------------------------------------------------- streaming reads
 
 
-def _management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
-    import base64
-    import json
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"http://127.0.0.1:15672/api/{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={
-            "content-type": "application/json",
-            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
-        },
-    )
-    urllib.request.urlopen(req, timeout=10).close()
-
-
-def _drain(spark: Any, broker: BrokerSettings, out: Any, ckpt: Any, **opts: str) -> Any:
-    from tests.support.data import spark_options
-
-    q = (
-        spark.readStream.format("rabbitmq_streams")
-        .options(**spark_options(broker, metadataFields="", **opts))
-        .load()
-        .select("stream", "offset", "value")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(ckpt))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert q.awaitTermination(180), "AvailableNow query did not finish"
-    return q
-
-
 def _rows(spark: Any, out: Any) -> list[tuple[str, int, bytes]]:
     return sorted((r.stream, r.offset, bytes(r.value)) for r in spark.read.parquet(str(out)).collect())
 
@@ -409,19 +387,19 @@ def test_a_partition_added_to_a_super_stream_between_micro_batches_is_read_from_
     for p in parts:
         publish(broker, p, [f"{p}:{i}".encode() for i in range(50)])
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    q = _drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
+    q = drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
     assert q.exception() is None, q.exception()
     added = f"{name}-2"
     streams._streams.append(added)  # deleted at teardown with the others
     tb_run_create(broker, added)
-    _management(
+    management(
         "POST",
         f"bindings/%2F/e/{name}/q/{added}",
         {"routing_key": "2", "arguments": {"x-stream-partition-order": 2}},
     )
     assert client(broker).partitions(name) == [*parts, added]
     publish(broker, added, [f"{added}:{i}".encode() for i in range(30)])
-    q = _drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
+    q = drain(spark, broker, out, ckpt, superstream=name, maxRecordsPerTrigger="40")
     assert q.exception() is None, q.exception()
     got = _rows(spark, out)
     for p, n in ((parts[0], 50), (parts[1], 50), (added, 30)):
@@ -440,17 +418,19 @@ def test_retention_between_available_now_drains_of_one_checkpoint(
     """The checkpoint says 400; retention removed [400, first) before the next drain: never a silent skip."""
     s = truncating
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    q = _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
+    q = drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
     assert q.exception() is None
     assert [o for _, o, _ in _rows(spark, out)] == list(range(400))
     _publish_chunks(broker, s, b"b", 1000, 50)
-    first, tail = client(broker).bounds([s])[s]
+    first, tail = _settled_bounds(broker, s)
     assert first > 400
     with pytest.raises(PySparkException) as failed:  # Spark wraps the DataLossError; its text is checked
-        _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
+        drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
     text = str(failed.value)
-    assert "DataLossError" in text and f"offsets [400, {first}) of stream '{s}' are lost" in text
+    assert "DataLossError" in text and f"offsets [400, {first}) of stream '{s}' are lost" in text, text[
+        -2000:
+    ]
     assert [o for _, o, _ in _rows(spark, out)] == list(range(400))  # nothing written by the failed drain
-    q = _drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150", failOnDataLoss="false")
+    q = drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150", failOnDataLoss="false")
     assert q.exception() is None
     assert [o for _, o, _ in _rows(spark, out)] == list(range(400)) + list(range(first, tail))
