@@ -39,7 +39,9 @@ def test_offsets_to_json_is_compact_and_sorted() -> None:
 
 
 def test_offsets_to_json_rejects_non_int_values() -> None:
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(
+        ConfigurationError, match=r"offsets must map stream names to integers, .*got 's': True$"
+    ):
         offsets_to_json({"s": True})
     with pytest.raises(ConfigurationError):
         not_an_int: Any = 1.5
@@ -83,8 +85,35 @@ def test_offsets_from_json_rejects_bad_input(text: str) -> None:
 
 
 def test_offsets_from_json_default_option_name() -> None:
-    with pytest.raises(ConfigurationError, match="startingOffsets"):
+    with pytest.raises(ConfigurationError, match=r"^option 'startingOffsets' must be a JSON object;"):
         offsets_from_json("[]")
+
+
+_FORM = 'expected a JSON object of partition stream name to next offset, like {"stream-0": 42, ...}'
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "reason", "sentinels"),
+    [
+        (42, {}, "must be a JSON string, got int", "-1 (latest) or -2 (earliest)"),
+        ("[1]", {}, "must be a JSON object", "-1 (latest) or -2 (earliest)"),
+        ("{}", {"empty": False}, "must be a non-empty JSON object", "-1 (latest) or -2 (earliest)"),
+        ('{"": 1}', {}, "has an empty stream name", "-1 (latest) or -2 (earliest)"),
+        ('{"s": "4"}', {}, "has a non-integer offset for stream 's': \"4\"", "-1 (latest) or -2 (earliest)"),
+        ('{"s": -3}', {}, "has an invalid offset -3 for stream 's'", "-1 (latest) or -2 (earliest)"),
+        ('{"s": -2}', {"earliest": False}, "has an invalid offset -2 for stream 's'", "-1 (latest)"),
+    ],
+)
+def test_offsets_from_json_messages(text: Any, kwargs: dict[str, Any], reason: str, sentinels: str) -> None:
+    """The whole message: the option, the reason, the expected form and the sentinels allowed here."""
+    with pytest.raises(ConfigurationError) as excinfo:
+        offsets_from_json(text, "endingOffsets", **kwargs)
+    assert str(excinfo.value) == f"option 'endingOffsets' {reason}; {_FORM} (offsets >= 0, or {sentinels})"
+
+
+def test_offsets_from_json_empty_object_is_allowed_by_default() -> None:
+    assert offsets_from_json("{}") == {}
+    assert offsets_from_json('{"s": -1}', earliest=False) == {"s": LATEST}
 
 
 @given(offsets_maps)
@@ -215,10 +244,31 @@ def test_proportional_budgets(pending: dict[str, int], total: int, expected: dic
 
 
 def test_proportional_budgets_rejects_bad_input() -> None:
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match=r"^record budget must be an integer >= 0, got -1$"):
         proportional_budgets({"a": 1}, -1)
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(
+        ConfigurationError, match=r"^pending count of stream 'a' must be an int >= 0, got -1$"
+    ):
         proportional_budgets({"a": -1}, 1)
+
+
+@pytest.mark.parametrize(
+    ("pending", "total", "expected"),
+    [
+        # shares 1.2 and 1.8: floors 1 and 1, the leftover goes to the larger remainder (b's .8)
+        ({"a": 2, "b": 3}, 3, {"a": 1, "b": 2}),
+        # shares 1.6 and 2.4: floors 1 and 2, the leftover goes to a (.6 beats .4), not to the larger count
+        ({"a": 2, "b": 3}, 4, {"a": 2, "b": 2}),
+        # shares .56, 1.67, 2.78: floors 0, 1, 2 and the 2 leftovers go to c and b; a gets its minimum
+        # of 1, taken back from the largest budget (c), not from the first name or the smallest
+        ({"a": 1, "b": 3, "c": 5}, 5, {"a": 1, "b": 2, "c": 2}),
+        ({"a": 3, "b": 3}, 6, {"a": 3, "b": 3}),  # total == pending: exactly the pending
+    ],
+)
+def test_proportional_budgets_largest_remainder_and_donors(
+    pending: dict[str, int], total: int, expected: dict[str, int]
+) -> None:
+    assert proportional_budgets(pending, total) == expected
 
 
 @given(
@@ -392,7 +442,7 @@ def test_apply_limit_rejects_bad_limit(bad: int) -> None:
 
 
 def test_apply_limit_rejects_unresolved_start() -> None:
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match=r"^start offset of stream 'a' must be an int >= 0, got -1$"):
         apply_limit({"a": LATEST}, {"a": 1}, None)
 
 
@@ -419,6 +469,12 @@ def test_rows_for_bytes(max_bytes: int, avg: float, expected: int) -> None:
 def test_rows_for_bytes_rejects_non_positive() -> None:
     with pytest.raises(ConfigurationError, match="maxBytesPerTrigger"):
         rows_for_bytes(0, 10.0)
+    assert rows_for_bytes(1, 1.0) == 1  # 1 byte is a valid budget
+
+
+@pytest.mark.parametrize("avg", [float("inf"), float("-inf"), float("nan")])
+def test_rows_for_bytes_with_a_non_finite_average_assumes_one_byte(avg: float) -> None:
+    assert rows_for_bytes(100, avg) == 100
 
 
 # --- the streaming runner commits the merge of a batch's splits -----------------------------------
