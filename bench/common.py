@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -81,6 +82,55 @@ def fill(conn: ConnectionOptions, stream: str, count: int, size: int = 100, batc
         for i in range(0, count, batch):
             p.send([encode(body)] * min(batch, count - i))
         p.flush()
+
+
+async def _send_batches(conn: ConnectionOptions, stream: str, count: int, size: int, batch: int) -> None:
+    from rstream import Producer
+    from rstream.producer import ConfirmationStatus
+
+    host, port = conn.addresses()[0]
+    message = encode(b"x" * size)
+    confirmed = 0
+    target = 0
+    done = asyncio.Event()
+
+    def on_confirm(status: ConfirmationStatus) -> None:
+        nonlocal confirmed
+        if not status.is_confirmed:
+            raise RuntimeError(f"publish not confirmed: {status}")
+        confirmed += 1
+        if confirmed >= target:
+            done.set()
+
+    async with Producer(
+        host, port, username=conn.username, password=conn.password.get_secret_value(), vhost=conn.vhost
+    ) as p:
+        for i in range(0, count, batch):
+            target = min(count, i + batch)
+            done.clear()
+            # bytes: rstream wraps each in a fresh RawMessage with its own publishing id
+            await p.send_batch(stream, [message] * (target - i), on_publish_confirm=on_confirm)
+            # One batch at a time: frames sent back to back would be merged into bigger chunks.
+            await asyncio.wait_for(done.wait(), 60)
+
+
+def fill_batches(conn: ConnectionOptions, stream: str, count: int, batch: int, size: int = 100) -> None:
+    """Publish `count` `size`-byte messages as a producer in the field does: rstream's
+    `Producer.send_batch` of `batch` messages per call, not our writer. Each call waits for its
+    confirms before the next: the broker merges publish frames that arrive together into one chunk,
+    so a pipelining producer would get bigger chunks than it sends. A call whose messages exceed
+    the frame size goes out as several frames. `chunk_stats` tells what the broker made."""
+    asyncio.run(_send_batches(conn, stream, count, size, batch))
+
+
+def chunk_stats(conn: ConnectionOptions, stream: str, count: int) -> float:
+    """Average user messages per chunk over [0, count) of `stream`, as the reader sees them."""
+    from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+
+    reader = RangeReader(conn, stream, 0, count, ReadSettings())
+    for _ in reader:
+        pass
+    return count / max(1, reader.chunks)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

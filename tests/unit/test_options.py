@@ -221,7 +221,7 @@ def test_batch_source_defaults() -> None:
     assert o.filter_post_filter_class is None
     assert o.poll_timeout_ms == 30000
     assert o.max_wait_ms == 300000
-    assert o.initial_credits == 1
+    assert o.initial_credits == 0  # adaptive
     assert o.queue_capacity == 10000
     assert o.estimated_message_size_bytes == 1024
     assert o.strict_decoding is False
@@ -414,8 +414,8 @@ def test_boolean_rejects_other_values(value: str) -> None:
         ("minPartitions", "1.5", "between 1 and "),
         ("pollTimeoutMs", "0", "between 1 and "),
         ("maxWaitMs", "1_000", "between 1 and "),
-        ("initialCredits", "0", "between 1 and 1000"),
-        ("initialCredits", "1001", "between 1 and 1000"),
+        ("initialCredits", "-1", "between 0 and 1000"),
+        ("initialCredits", "1001", "between 0 and 1000"),
         ("queueCapacity", "0", "between 1 and "),
         ("estimatedMessageSizeBytes", "", "between 1 and "),
         ("startingOffset", "-1", ">= 0"),
@@ -1018,7 +1018,7 @@ def test_sink_accepts_connection_options() -> None:
 def test_direct_construction_keeps_pydantic_constraints() -> None:
     c = ConnectionOptions(endpoints=[("h", 1)])
     with pytest.raises(ValueError):
-        SourceOptions(connection=c, stream="s", initial_credits=0)
+        SourceOptions(connection=c, stream="s", initial_credits=-1)
     assert SinkOptions(connection=c, stream="s").batch_size == 500
 
 

@@ -69,6 +69,14 @@ _IDLE_CHECK_S = 0.25
 # this long without a chunk while user chunks remain in the range, the rest is read unfiltered.
 _FILTER_IDLE_END_S = 2.0
 _MAX_RECONNECTS = 5  # connection losses in a row without a single new message
+# Adaptive credits (initialCredits=0): the first request, and the ceilings on chunks in flight and
+# on the bytes queued plus in flight (chunks are at most a few MiB; the queue bounds messages too).
+# The first request must be 1: the broker resumes a subscription whose credit ran out only once its
+# credit exceeds half the initial credit (its send limit), so with an initial 2 a later grant of 1
+# would never be served; with 1 (limit 0) every grant is.
+_AUTO_FIRST_CREDITS = 1
+_AUTO_MAX_CREDITS = 32
+_AUTO_MAX_BYTES = 32 << 20
 
 
 @dataclass
@@ -104,29 +112,62 @@ class _Gap:
 
 
 class _Bridge:
-    """Loop-side half of one subscription: receives chunks, grants credits."""
+    """Loop-side half of one subscription: receives chunks, grants credits.
+
+    Fixed credits (`initial_credits` >= 1): that many chunks are requested at first, then one per
+    delivered chunk while the queue holds fewer than `capacity` messages.
+
+    Adaptive credits (`initial_credits` 0, the default): the chunks kept in flight follow the
+    chunk sizes observed so far, so that the queued messages plus the in-flight chunks (at their
+    average size) stay within `capacity` messages and `_AUTO_MAX_BYTES` bytes, never above
+    `_AUTO_MAX_CREDITS` chunks nor above the chunks the rest of the range needs, and at least one
+    chunk when the queue is empty. Small chunks (a producer's batch of 100) then keep several in
+    flight; chunks as large as the queue keep one, as fixed credits of 1 do.
+    """
 
     def __init__(
-        self, client: RmqsClient, sub: int, start: int, end: int, capacity: int, *, filtered: bool
+        self,
+        client: RmqsClient,
+        sub: int,
+        start: int,
+        end: int,
+        capacity: int,
+        *,
+        filtered: bool,
+        credits: int = 1,
     ) -> None:
         self.client = client
         self.sub = sub
         self.end = end
         self.capacity = capacity
         self.filtered = filtered
+        self.adaptive = credits <= 0
         # The offset the next delivered chunk should cover; one starting later opens a gap.
         self.expect = start
         self.q: queue.SimpleQueue[Chunk | _Gap | BaseException] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.queued = 0
+        self.queued_bytes = 0
         self.owed = 0
         self.done_receiving = False
+        # adaptive credits: chunks requested and not yet delivered; what delivered chunks held
+        self.in_flight = _AUTO_FIRST_CREDITS if self.adaptive else max(1, credits)
+        self.seen_chunks = 0
+        self.seen_records = 0
+        self.seen_bytes = 0
         self.loop = asyncio.get_running_loop()
+
+    @property
+    def initial_credits(self) -> int:
+        return self.in_flight
 
     def on_chunk(self, chunk: Chunk) -> None:  # loop thread
         if chunk.first_offset > self.expect and self.expect < self.end:
             self.q.put(_Gap(self.expect, chunk.first_offset))
         self.expect = max(self.expect, chunk.next_offset)
+        if self.adaptive:
+            self._on_chunk_adaptive(chunk)
+            return
         if chunk.chunk_type != 0:  # not user data: nothing to queue, but keep the credit flowing
             if chunk.next_offset < self.end:
                 self.loop.create_task(self._credit())
@@ -144,19 +185,66 @@ class _Bridge:
         if grant:
             self.loop.create_task(self._credit())
 
-    def consumed(self, n: int) -> None:  # reader thread
-        grant = False
+    def _on_chunk_adaptive(self, chunk: Chunk) -> None:  # loop thread
+        user = chunk.chunk_type == 0
+        if user:
+            self.q.put(chunk)
+        with self.lock:
+            self.in_flight = max(0, self.in_flight - 1)
+            if user:
+                size = len(chunk.data)
+                self.queued += chunk.num_records
+                self.queued_bytes += size
+                self.seen_chunks += 1
+                self.seen_records += chunk.num_records
+                self.seen_bytes += size
+            if chunk.next_offset >= self.end:
+                self.done_receiving = True
+            grant = self._wanted()
+            self.in_flight += grant
+        if grant:
+            self.loop.create_task(self._credit(grant))
+
+    def _wanted(self) -> int:
+        """Adaptive credits to grant now (under the lock): the target in flight minus those in flight."""
+        if self.done_receiving:
+            return 0
+        if self.seen_chunks:
+            per_chunk = max(1.0, self.seen_records / self.seen_chunks)
+            chunk_bytes = max(1.0, self.seen_bytes / self.seen_chunks)
+        else:  # nothing seen yet (only tracking chunks): keep the first credits flowing
+            per_chunk, chunk_bytes = float(self.capacity), 1.0
+        room = min(
+            (self.capacity - self.queued) / per_chunk,
+            (_AUTO_MAX_BYTES - self.queued_bytes) / chunk_bytes,
+        )
+        left = max(1, -(-(self.end - self.expect) // int(per_chunk)))  # chunks the range still needs
+        target = min(_AUTO_MAX_CREDITS, left, int(room))
+        if target < 1 and self.queued == 0:
+            target = 1  # a chunk bigger than the queue: one at a time, as with one fixed credit
+        return max(0, target - self.in_flight)
+
+    def consumed(self, n: int, nbytes: int = 0) -> None:  # reader thread
+        grant = 0
         with self.lock:
             self.queued -= n
-            if self.owed and not self.done_receiving and self.queued < self.capacity:
+            self.queued_bytes -= nbytes
+            if self.adaptive:
+                # Top up only when the loop side could not (the queue was full) and enough is owed,
+                # so most chunks are credited on the loop thread, without a wake-up from here.
+                want = self._wanted()
+                if want and (self.in_flight == 0 or want >= max(1, (self.in_flight + want) // 2)):
+                    grant = want
+                    self.in_flight += grant
+            elif self.owed and not self.done_receiving and self.queued < self.capacity:
                 self.owed -= 1
-                grant = True
+                grant = 1
         if grant:
-            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._credit()))
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._credit(grant)))
 
-    async def _credit(self) -> None:
+    async def _credit(self, n: int = 1) -> None:
         try:
-            await self.client.credit(self.sub, 1)
+            await self.client.credit(self.sub, n)
         except Exception as e:  # surfaces in the reader as a lost connection
             self.q.put(BrokerUnavailableError(f"could not grant credit: {e}"))
 
@@ -176,6 +264,7 @@ class RangeReader:
         self.s = settings
         self.next_offset = start  # the next offset to emit; survives reconnections
         self.rows = 0
+        self.chunks = 0  # user chunks taken (benchmarks report messages per chunk from it)
         self.lost: list[tuple[int, int]] = []  # ranges lost to retention or deletion (failOnDataLoss=false)
         self.subscriptions = 0  # (re)subscriptions made: 1 for a read no broker restart interrupted
         self.unfiltered_from: int | None = None  # where a filtered read went on unfiltered, if it did
@@ -274,8 +363,10 @@ class RangeReader:
                 self._gap(item)
                 continue
             last_chunk_at = time.monotonic()
+            self.chunks += 1
+            # Out of the queue: credit the next chunks before walking this one, so they arrive meanwhile.
+            bridge.consumed(item.num_records, len(item.data))
             self._take(item, builder)
-            bridge.consumed(item.num_records)
             if builder.rows >= self.s.batch_rows:
                 batch = builder.flush()
                 if batch is not None:
@@ -394,7 +485,15 @@ class RangeReader:
     async def _subscribe(self, offset: int) -> tuple[RmqsClient, _Bridge]:
         client = await get_pool().acquire(self.conn, "rmqs-reader")
         sub = client.alloc_subscription_id()
-        bridge = _Bridge(client, sub, offset, self.end, self.s.queue_capacity, filtered=self._filtered)
+        bridge = _Bridge(
+            client,
+            sub,
+            offset,
+            self.end,
+            self.s.queue_capacity,
+            filtered=self._filtered,
+            credits=self.s.initial_credits,
+        )
         client.deliver_sinks[sub] = bridge.on_chunk
         props: dict[str, str] = {}
         if self._filtered:
@@ -406,7 +505,7 @@ class RangeReader:
                 self.stream,
                 sub,
                 offset_spec=schema.OffsetSpec.from_params(OffsetType.OFFSET, offset),
-                initial_credit=max(1, self.s.initial_credits),
+                initial_credit=bridge.initial_credits,
                 properties=props or None,
             )
         except rx.StreamDoesNotExist as e:

@@ -177,7 +177,12 @@ class SourceOptions(OptionModel):
     )
     # memory per reader: chunks granted, messages queued
     initial_credits: int = option(
-        "initialCredits", 1, "chunks the broker may send before the reader asks for more", ge=1, le=1000
+        "initialCredits",
+        0,
+        "chunks the broker may send before the reader asks for more; 0: adaptive, as many as "
+        "`queueCapacity` holds at the chunk sizes seen (at most 32 chunks, 32 MiB)",
+        ge=0,
+        le=1000,
     )
     queue_capacity: int = option(
         "queueCapacity", 10000, "messages buffered per reader before credits pause", ge=1, le=10_000_000
