@@ -114,13 +114,21 @@ async def _send_batches(conn: ConnectionOptions, stream: str, count: int, size: 
             await asyncio.wait_for(done.wait(), 60)
 
 
-def fill_batches(conn: ConnectionOptions, stream: str, count: int, batch: int, size: int = 100) -> None:
+def fill_batches(
+    conn: ConnectionOptions, stream: str | dict[str, int], count: int, batch: int, size: int = 100
+) -> None:
     """Publish `count` `size`-byte messages as a producer in the field does: rstream's
     `Producer.send_batch` of `batch` messages per call, not our writer. Each call waits for its
     confirms before the next: the broker merges publish frames that arrive together into one chunk,
     so a pipelining producer would get bigger chunks than it sends. A call whose messages exceed
-    the frame size goes out as several frames. `chunk_stats` tells what the broker made."""
-    asyncio.run(_send_batches(conn, stream, count, size, batch))
+    the frame size goes out as several frames. `chunk_stats` tells what the broker made. `stream`
+    may be a dict of streams and their counts (`count` is then ignored): filled concurrently."""
+    counts = stream if isinstance(stream, dict) else {stream: count}
+
+    async def all_streams() -> None:  # the partitions of a super stream side by side
+        await asyncio.gather(*(_send_batches(conn, s, n, size, batch) for s, n in counts.items() if n))
+
+    asyncio.run(all_streams())
 
 
 def chunk_stats(conn: ConnectionOptions, stream: str, count: int) -> float:

@@ -48,7 +48,8 @@ class BatchBuilder:
 
     def _reset(self) -> None:
         self.rows = 0
-        self.values: list[bytes] = []
+        # the fixed columns' bodies, in order: chunk slices found by chunks.body_spans, or bodies
+        self.pieces: list[tuple[bytes, list[int]] | list[bytes]] = []
         self.records: list[memoryview] = []
         self.offsets = array("q")
         self.timestamps = array("q")
@@ -57,6 +58,12 @@ class BatchBuilder:
         self, data: bytes, num_entries: int, skip: int, take: int, first_offset: int, ts: int
     ) -> None:
         """Add records `[skip, skip + take)` of a chunk whose record `skip` has offset `first_offset`."""
+        if not self.full and chunks.VECTORISED:
+            spans = chunks.body_spans(data, skip, take)
+            if spans is not None:  # checked and sliced at flush, for the whole batch at once
+                self.pieces.append((data, spans))
+                self._positions(take, first_offset, ts)
+                return
         try:
             if self.full:
                 got: list[Any] = chunks.chunk_records(data, num_entries)[skip : skip + take]
@@ -71,7 +78,7 @@ class BatchBuilder:
         if self.full:
             self.records.extend(got)
         else:
-            self.values.extend(got)
+            self.pieces.append(got)
         self._positions(take, first_offset, ts)
 
     def add(self, records: Sequence[memoryview], first_offset: int, timestamp_ms: int) -> None:
@@ -79,7 +86,7 @@ class BatchBuilder:
         if self.full:
             self.records.extend(records)
         else:
-            self.values.extend(codec.bodies(records))
+            self.pieces.append(codec.bodies(records))
         self._positions(len(records), first_offset, timestamp_ms)
 
     def _positions(self, n: int, first_offset: int, timestamp_ms: int) -> None:
@@ -98,10 +105,28 @@ class BatchBuilder:
             cols = self._full_columns(offsets)
             arrays = [cols.pop("value"), stream_col, offsets, ts, *(cols[f] for f in self._ordered())]
         else:
-            arrays = [pa.array(self.values, pa.binary()), stream_col, offsets, ts]
+            arrays = [self._values(), stream_col, offsets, ts]
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._reset()
         return batch
+
+    def _values(self) -> pa.Array:
+        """The value column: runs of chunk spans gathered at once, lists of bodies as they are."""
+        parts: list[pa.Array] = []
+        spans: list[tuple[bytes, list[int]]] = []
+        for piece in self.pieces:
+            if isinstance(piece, tuple):
+                spans.append(piece)
+                continue
+            if spans:
+                parts.append(chunks.bodies_array(spans))
+                spans = []
+            parts.append(pa.array(piece, pa.binary()))
+        if spans:
+            parts.append(chunks.bodies_array(spans))
+        if len(parts) == 1:
+            return parts[0]
+        return pa.concat_arrays(parts) if parts else pa.array([], pa.binary())
 
     def _ordered(self) -> list[str]:
         return [f.name for f in self.schema][4:]
