@@ -590,3 +590,199 @@ def test_runner_commit_stores_nothing_without_tracking() -> None:
     r.commit({"o-0": 300})
     assert r.meta.client.stored == []
     assert r._plans == {}, "the plan is forgotten all the same"
+
+
+# --- planning: positions and source options to offsets --------------------------------------------
+
+
+class _TimestampClient:
+    """Answers `offset_for_timestamp` as offset = millis // 1000, and records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def offset_for_timestamp(self, stream: str, millis: int) -> int:
+        self.calls.append((stream, millis))
+        return millis // 1000
+
+
+_BOUNDS = {"first": {"o-0": 10, "o-1": 20}, "tail": {"o-0": 100, "o-1": 200}}
+
+
+def _source(**options: str) -> Any:
+    from pyspark_rmqs.options import parse_source_options
+
+    return parse_source_options(
+        {"endpoints": "localhost:5552", "superstream": "o", **options}, streaming=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "start", "end"),
+    [
+        ({}, {"o-0": 10, "o-1": 20}, {"o-0": 100, "o-1": 200}),
+        ({"startingOffsets": "latest"}, {"o-0": 100, "o-1": 200}, {"o-0": 100, "o-1": 200}),
+        (
+            {
+                "startingOffsets": "offset",
+                "startingOffset": "50",
+                "endingOffsets": "offset",
+                "endingOffset": "70",
+            },
+            {"o-0": 50, "o-1": 50},
+            {"o-0": 70, "o-1": 70},
+        ),
+        # Streams the JSON does not name start at their first offset and end at their tail.
+        (
+            {"startingOffsets": '{"o-0": 30}', "endingOffsets": '{"o-1": 150}'},
+            {"o-0": 30, "o-1": 20},
+            {"o-0": 100, "o-1": 150},
+        ),
+        ({"startingOffsets": '{"o-0": -1, "o-1": -2}'}, {"o-0": 100, "o-1": 20}, {"o-0": 100, "o-1": 200}),
+        ({"startingOffsets": "timestamp", "startingTimestamp": "42000"}, {"o-0": 42, "o-1": 42}, None),
+    ],
+)
+def test_starting_and_ending_offsets_from_source_options(
+    options: dict[str, str], start: dict[str, int], end: dict[str, int] | None
+) -> None:
+    from pyspark_rmqs.planning import Bounds, ending_offsets, starting_offsets
+
+    b = Bounds(**_BOUNDS)
+    client = _TimestampClient()
+    assert starting_offsets(client, _source(**options), b) == start  # type: ignore[arg-type]
+    if end is not None:
+        assert ending_offsets(_source(**options), b) == end
+    if "startingTimestamp" in options:
+        assert client.calls == [("o-0", 42000), ("o-1", 42000)]
+
+
+def test_ending_offsets_beyond_the_tail_read_to_the_tail(caplog: pytest.LogCaptureFixture) -> None:
+    from pyspark_rmqs.planning import Bounds, ending_offsets
+
+    caplog.set_level("INFO", logger="pyspark_rmqs.planning")
+    b = Bounds(**_BOUNDS)
+    assert ending_offsets(_source(endingOffsets='{"o-0": 100, "o-1": 250}'), b) == {"o-0": 100, "o-1": 200}
+    assert [r.getMessage() for r in caplog.records] == [
+        "endingOffsets for 'o-1' is 250, beyond the tail 200: reading to the tail"
+    ], "an end at the tail is not beyond it"
+
+
+def test_resolve_positions_watermark_and_its_fallback() -> None:
+    from pyspark_rmqs.planning import Bounds, resolve_positions
+
+    b = Bounds(**_BOUNDS)
+    stored = {"o-0": 41, "o-1": None}
+    assert resolve_positions(None, b, "watermark", is_end=False, stored=stored) == {"o-0": 42, "o-1": 20}
+    latest = resolve_positions(None, b, "watermark", is_end=False, stored=stored, fallback="latest")
+    assert latest == {"o-0": 42, "o-1": 200}
+    with pytest.raises(ConfigurationError) as e:
+        resolve_positions(None, b, "watermark", is_end=False)
+    assert str(e.value) == "start='watermark' needs a consumer_name (whose stored offset is the watermark)"
+
+
+@pytest.mark.parametrize(
+    ("pos", "is_end", "message"),
+    [
+        ('{"o-0": -3}', True, "option 'end' has an invalid offset -3 for stream 'o-0'"),
+        ('{"o-0": -3}', False, "option 'start' has an invalid offset -3 for stream 'o-0'"),
+        (1_700_000_000_000, True, "an end cannot be a timestamp here"),
+        (1_700_000_000_000, False, "a start cannot be a timestamp here"),
+        ("watermark", True, "end must be 'latest', offsets JSON/dict or a timestamp; got 'watermark'"),
+        (
+            "soon",
+            False,
+            "start must be 'watermark', 'earliest', 'latest', offsets JSON/dict or a timestamp; got 'soon'",
+        ),
+    ],
+)
+def test_resolve_positions_errors(pos: Any, is_end: bool, message: str) -> None:
+    from pyspark_rmqs.planning import Bounds, resolve_positions
+
+    with pytest.raises(ConfigurationError) as e:
+        resolve_positions(None, Bounds(**_BOUNDS), pos, is_end=is_end)
+    assert str(e.value).startswith(message)
+
+
+class _MetaClient:
+    """The metadata calls planning makes, answered from memory."""
+
+    def __init__(self, version: str = "4.0.5", parts: list[str] | None = None) -> None:
+        self.version, self.parts = version, parts or []
+        self.streams = {"orders"}
+
+    def broker_version(self) -> str:
+        return self.version
+
+    def partitions(self, superstream: str) -> list[str]:
+        return list(self.parts) if superstream == "o" else []
+
+    def stream_exists(self, stream: str) -> bool:
+        return stream in self.streams
+
+    def bounds(self, streams: Any) -> dict[str, tuple[int, int] | None]:
+        known = {"o-0": (10, 100), "o-1": (20, 200)}
+        return {s: known.get(s) for s in streams}
+
+    def stored_offsets(self, consumer: str, streams: list[str]) -> dict[str, int | None]:
+        return {s: (41 if s == "o-0" and consumer == "etl" else None) for s in streams}
+
+
+def test_clamp_to_retention(caplog: pytest.LogCaptureFixture) -> None:
+    from pyspark_rmqs.errors import DataLossError
+    from pyspark_rmqs.planning import Bounds, clamp_to_retention
+
+    b = Bounds(**_BOUNDS)
+    starts = {"o-0": 10, "o-1": 15, "gone": 3}
+    with pytest.raises(DataLossError) as e:
+        clamp_to_retention(starts, b, True)
+    assert str(e.value).startswith(
+        "offsets [15, 20) of stream 'o-1' are lost (5 offsets): retention removed them"
+    )
+    assert clamp_to_retention(starts, b, False) == {"o-0": 10, "o-1": 20, "gone": 3}
+    assert "offsets [15, 20) of stream 'o-1' are lost (5 offsets)" in caplog.text
+    assert "o-0" not in caplog.text, "a start at the first offset lost nothing"
+
+
+def test_check_version() -> None:
+    from pyspark_rmqs.errors import UnsupportedBrokerError
+    from pyspark_rmqs.planning import check_version
+
+    assert check_version(_MetaClient("3.11.0"), superstream=True) == "3.11.0"  # type: ignore[arg-type]
+    assert check_version(_MetaClient("3.10.9")) == "3.10.9"  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedBrokerError) as e:
+        check_version(_MetaClient("3.10.9"), superstream=True)  # type: ignore[arg-type]
+    assert str(e.value) == "super streams need RabbitMQ 3.11 or newer; the broker is 3.10.9"
+    with pytest.raises(UnsupportedBrokerError, match=r"^super streams need"):
+        check_version(_MetaClient("3.10.9"), _source())  # type: ignore[arg-type]
+    filtered = _source(filterValues="eu")
+    assert check_version(_MetaClient("3.13.0"), filtered) == "3.13.0"  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedBrokerError) as e:
+        check_version(_MetaClient("3.12.1"), filtered)  # type: ignore[arg-type]
+    assert str(e.value) == (
+        "option 'filterValues' needs RabbitMQ 3.13 or newer (stream filtering); the broker is 3.12.1"
+    )
+
+
+def test_partition_streams_bounds_and_stored_starts() -> None:
+    from pyspark_rmqs.errors import ConfigurationError as Conf
+    from pyspark_rmqs.errors import DataLossError, StreamNotFoundError
+    from pyspark_rmqs.options import parse_source_options
+    from pyspark_rmqs.planning import bounds, partition_streams, stored_starts
+
+    c: Any = _MetaClient(parts=["o-1", "o-0"])
+    assert partition_streams(c, _source()) == ["o-1", "o-0"]  # the broker's order
+    with pytest.raises(Conf, match="'nope'"):
+        partition_streams(c, _source(startingOffsets='{"nope": 1}'))
+    single = parse_source_options({"endpoints": "localhost:5552", "stream": "orders"}, streaming=False)
+    assert partition_streams(c, single) == ["orders"]
+    missing = parse_source_options({"endpoints": "localhost:5552", "stream": "other"}, streaming=False)
+    with pytest.raises(StreamNotFoundError) as e:
+        partition_streams(c, missing)
+    assert str(e.value) == "stream 'other' does not exist (option 'stream')"
+    b = bounds(c, ["o-0", "o-1"])
+    assert (b.first, b.tail) == ({"o-0": 10, "o-1": 20}, {"o-0": 100, "o-1": 200})
+    with pytest.raises(DataLossError, match=r"^partition stream 'o-9' no longer exists"):
+        bounds(c, ["o-0", "o-9"])
+    b = bounds(c, ["o-0", "o-9"], fail_on_data_loss=False)
+    assert (b.first, b.tail) == ({"o-0": 10}, {"o-0": 100})
+    assert stored_starts(c, "etl", ["o-0", "o-1"]) == {"o-0": 42, "o-1": None}  # stored + 1
