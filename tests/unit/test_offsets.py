@@ -786,3 +786,161 @@ def test_partition_streams_bounds_and_stored_starts() -> None:
     b = bounds(c, ["o-0", "o-9"], fail_on_data_loss=False)
     assert (b.first, b.tail) == ({"o-0": 10}, {"o-0": 100})
     assert stored_starts(c, "etl", ["o-0", "o-1"]) == {"o-0": 42, "o-1": None}  # stored + 1
+
+
+# --- watermarks: the arithmetic and the plan/store protocol, over an in-memory broker --------------
+
+
+class _Tracking:
+    """An in-memory AsyncBrokerClient: stored offsets per (reference, stream), bounds, partitions."""
+
+    stored: dict[tuple[str, str], int] = {}
+    stores: list[tuple[str, dict[str, int]]] = []
+    after_store: dict[tuple[str, str], int] = {}  # what a concurrent run overwrites right after a store
+
+    def __init__(self, conn: Any, **_: Any) -> None:
+        pass
+
+    async def partitions(self, name: str) -> list[str]:
+        return ["o-0", "o-1"] if name == "o" else []
+
+    async def stream_exists(self, name: str) -> bool:
+        return name == "single"
+
+    async def bounds(self, s: str) -> tuple[int, int]:
+        return {"o-0": (10, 100), "o-1": (20, 200), "single": (0, 5)}[s]
+
+    async def stored_offset(self, consumer: str, s: str) -> int | None:
+        return self.stored.get((consumer, s))
+
+    async def stored_offsets(self, consumer: str, streams: list[str]) -> dict[str, int | None]:
+        return {s: self.stored.get((consumer, s)) for s in streams}
+
+    async def store_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+        type(self).stores.append((consumer, dict(offsets)))
+        for s, o in offsets.items():
+            self.stored[(consumer, s)] = o
+        self.stored.update(self.after_store)
+
+
+@pytest.fixture
+def tracking(monkeypatch: pytest.MonkeyPatch) -> type[_Tracking]:
+    from pyspark_rmqs import watermarks
+
+    monkeypatch.setattr(_Tracking, "stored", {})
+    monkeypatch.setattr(_Tracking, "stores", [])
+    monkeypatch.setattr(_Tracking, "after_store", {})
+    monkeypatch.setattr(watermarks, "AsyncBrokerClient", _Tracking)
+    return _Tracking
+
+
+def test_partition_watermark_arithmetic() -> None:
+    from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+
+    fresh = PartitionWatermark("o-0", 10, 100, None)
+    assert (fresh.next_offset, fresh.lag, fresh.lost) == (10, 90, 0)
+    behind = PartitionWatermark("o-1", 20, 200, 49)
+    assert (behind.next_offset, behind.lag, behind.lost) == (50, 150, 0)
+    overtaken = PartitionWatermark("o-2", 60, 70, 49)  # retention removed [50, 60) before it was read
+    assert (overtaken.next_offset, overtaken.lag, overtaken.lost) == (60, 10, 10)
+    done = PartitionWatermark("o-3", 0, 80, 79)
+    assert (done.next_offset, done.lag, done.lost) == (80, 0, 0)
+    at_floor = PartitionWatermark("o-4", 50, 80, 49)
+    assert (at_floor.next_offset, at_floor.lost) == (50, 0)
+    w = Watermarks("o", "etl", True, (fresh, behind, overtaken, done))
+    assert w.total_lag == 90 + 150 + 10
+    assert w.pending() == {"o-0": (10, 100), "o-1": (50, 200), "o-2": (60, 70)}
+    assert w.tails() == {"o-0": 100, "o-1": 200, "o-2": 70, "o-3": 80}
+    d = w.to_dict()
+    assert (d["target"], d["consumer"], d["superstream"], d["total_lag"]) == ("o", "etl", True, 250)
+    assert d["partitions"][1] == {
+        "stream": "o-1",
+        "first": 20,
+        "tail": 200,
+        "stored": 49,
+        "next_offset": 50,
+        "lag": 150,
+    }
+
+
+def test_watermarks_after_and_plan_names() -> None:
+    from pyspark_rmqs.watermarks import MAX_REFERENCE_LENGTH, plan_names, watermarks_after
+
+    assert watermarks_after({"o-0": (10, 100), "o-1": (5, 5), "o-2": (0, 1)}) == {"o-0": 99, "o-2": 0}
+    assert plan_names("etl") == ("etl.rmqs-plan-start", "etl.rmqs-plan-end")
+    longest = MAX_REFERENCE_LENGTH - len(".rmqs-plan-start")
+    assert plan_names("x" * longest)[0] == "x" * longest + ".rmqs-plan-start"
+    with pytest.raises(ConfigurationError) as e:
+        plan_names("x" * (longest + 1))
+    assert f"is {longest + 1} bytes; at most {longest} bytes (the broker allows 256" in str(e.value)
+
+
+def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) -> None:
+    from pyspark_rmqs.errors import StreamNotFoundError
+    from pyspark_rmqs.watermarks import watermarks
+
+    tracking.stored[("etl", "o-1")] = 49
+    w = watermarks(None, "etl", superstream="o")
+    assert (w.target, w.consumer, w.superstream) == ("o", "etl", True)
+    assert [(p.stream, p.first, p.tail, p.stored) for p in w.partitions] == [
+        ("o-0", 10, 100, None),
+        ("o-1", 20, 200, 49),
+    ]
+    single = watermarks(None, "etl", stream="single")
+    assert (single.target, single.superstream, len(single.partitions)) == ("single", False, 1)
+    with pytest.raises(StreamNotFoundError, match="stream 'nope' does not exist"):
+        watermarks(None, "etl", stream="nope")
+    for kwargs in ({}, {"stream": "single", "superstream": "o"}):
+        with pytest.raises(ConfigurationError, match="exactly one of 'stream' or 'superstream'"):
+            watermarks(None, "etl", **kwargs)
+
+
+def test_record_plan_then_pending_plan_until_the_watermark_is_stored(tracking: type[_Tracking]) -> None:
+    from pyspark_rmqs.watermarks import pending_plan, record_plan, store_watermarks, watermarks
+
+    tracking.stored[("etl", "o-1")] = 49
+    record_plan(None, "etl", {"o-0": (10, 100), "o-1": (50, 200), "o-2": (7, 7)})
+    assert tracking.stores == [
+        ("etl.rmqs-plan-start", {"o-0": 10, "o-1": 50}),  # starts first, then ends; empty ranges never
+        ("etl.rmqs-plan-end", {"o-0": 100, "o-1": 200}),
+    ]
+    w = watermarks(None, "etl", superstream="o")
+    assert pending_plan(None, w) == {"o-0": (10, 100), "o-1": (50, 200)}
+    store_watermarks(None, "etl", {"o-0": 99, "o-1": -1})  # -1: nothing read, nothing stored
+    assert tracking.stores[-1] == ("etl", {"o-0": 99})
+    w = watermarks(None, "etl", superstream="o")
+    assert pending_plan(None, w) == {"o-1": (50, 200)}, "o-0's plan is done once its watermark is stored"
+    tracking.stored[("etl", "o-1")] = 70  # moved by hand: the recorded start no longer matches
+    assert pending_plan(None, watermarks(None, "etl", superstream="o")) == {}
+    stores = len(tracking.stores)
+    record_plan(None, "etl", {"o-0": (5, 5)})
+    assert len(tracking.stores) == stores, "an empty plan records nothing"
+
+
+def test_pending_plan_ignores_half_recorded_and_empty_plans(tracking: type[_Tracking]) -> None:
+    from pyspark_rmqs.watermarks import pending_plan, watermarks
+
+    tracking.stored.update({("etl.rmqs-plan-start", "o-0"): 10, ("etl.rmqs-plan-start", "o-1"): 20})
+    tracking.stored[("etl.rmqs-plan-end", "o-1")] = 20  # end not past start
+    assert pending_plan(None, watermarks(None, "etl", superstream="o")) == {}
+
+
+def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
+    from pyspark_rmqs.errors import WatermarkConflictError
+    from pyspark_rmqs.watermarks import store_watermarks_checked
+
+    tracking.stored[("etl", "o-0")] = 9
+    store_watermarks_checked(None, "etl", {"o-0": 99}, {"o-0": 9, "o-1": None})
+    assert tracking.stores == [("etl", {"o-0": 99})]
+    with pytest.raises(WatermarkConflictError) as e:
+        store_watermarks_checked(None, "etl", {"o-0": 150}, {"o-0": 9})
+    assert str(e.value).startswith(
+        "the watermark of consumer 'etl' was moved by another run since this run planned: 'o-0': 9 -> 99. "
+        "Nothing was stored by this run"
+    )
+    assert len(tracking.stores) == 1, "nothing stored after a conflict"
+    tracking.after_store[("etl", "o-0")] = 120  # a concurrent run overwrites right after this store
+    with pytest.raises(
+        WatermarkConflictError, match=r"while this run stored \(expected, found\): 'o-0': 150 -> 120"
+    ):
+        store_watermarks_checked(None, "etl", {"o-0": 150}, {"o-0": 99})
