@@ -791,6 +791,9 @@ def test_partition_streams_bounds_and_stored_starts() -> None:
 # --- watermarks: the arithmetic and the plan/store protocol, over an in-memory broker --------------
 
 
+_CONN: Any = object()
+
+
 class _Tracking:
     """An in-memory AsyncBrokerClient: stored offsets per (reference, stream), bounds, partitions."""
 
@@ -799,7 +802,7 @@ class _Tracking:
     after_store: dict[tuple[str, str], int] = {}  # what a concurrent run overwrites right after a store
 
     def __init__(self, conn: Any, **_: Any) -> None:
-        pass
+        assert conn is _CONN, "the caller's connection is the one used"
 
     async def partitions(self, name: str) -> list[str]:
         return ["o-0", "o-1"] if name == "o" else []
@@ -880,40 +883,40 @@ def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) ->
     from pyspark_rmqs.watermarks import watermarks
 
     tracking.stored[("etl", "o-1")] = 49
-    w = watermarks(None, "etl", superstream="o")
+    w = watermarks(_CONN, "etl", superstream="o")
     assert (w.target, w.consumer, w.superstream) == ("o", "etl", True)
     assert [(p.stream, p.first, p.tail, p.stored) for p in w.partitions] == [
         ("o-0", 10, 100, None),
         ("o-1", 20, 200, 49),
     ]
-    single = watermarks(None, "etl", stream="single")
+    single = watermarks(_CONN, "etl", stream="single")
     assert (single.target, single.superstream, len(single.partitions)) == ("single", False, 1)
     with pytest.raises(StreamNotFoundError, match="stream 'nope' does not exist"):
-        watermarks(None, "etl", stream="nope")
+        watermarks(_CONN, "etl", stream="nope")
     for kwargs in ({}, {"stream": "single", "superstream": "o"}):
         with pytest.raises(ConfigurationError, match="exactly one of 'stream' or 'superstream'"):
-            watermarks(None, "etl", **kwargs)
+            watermarks(_CONN, "etl", **kwargs)
 
 
 def test_record_plan_then_pending_plan_until_the_watermark_is_stored(tracking: type[_Tracking]) -> None:
     from pyspark_rmqs.watermarks import pending_plan, record_plan, store_watermarks, watermarks
 
     tracking.stored[("etl", "o-1")] = 49
-    record_plan(None, "etl", {"o-0": (10, 100), "o-1": (50, 200), "o-2": (7, 7)})
+    record_plan(_CONN, "etl", {"o-0": (10, 100), "o-1": (50, 200), "o-2": (7, 7)})
     assert tracking.stores == [
         ("etl.rmqs-plan-start", {"o-0": 10, "o-1": 50}),  # starts first, then ends; empty ranges never
         ("etl.rmqs-plan-end", {"o-0": 100, "o-1": 200}),
     ]
-    w = watermarks(None, "etl", superstream="o")
-    assert pending_plan(None, w) == {"o-0": (10, 100), "o-1": (50, 200)}
-    store_watermarks(None, "etl", {"o-0": 99, "o-1": -1})  # -1: nothing read, nothing stored
+    w = watermarks(_CONN, "etl", superstream="o")
+    assert pending_plan(_CONN, w) == {"o-0": (10, 100), "o-1": (50, 200)}
+    store_watermarks(_CONN, "etl", {"o-0": 99, "o-1": -1})  # -1: nothing read, nothing stored
     assert tracking.stores[-1] == ("etl", {"o-0": 99})
-    w = watermarks(None, "etl", superstream="o")
-    assert pending_plan(None, w) == {"o-1": (50, 200)}, "o-0's plan is done once its watermark is stored"
+    w = watermarks(_CONN, "etl", superstream="o")
+    assert pending_plan(_CONN, w) == {"o-1": (50, 200)}, "o-0's plan is done once its watermark is stored"
     tracking.stored[("etl", "o-1")] = 70  # moved by hand: the recorded start no longer matches
-    assert pending_plan(None, watermarks(None, "etl", superstream="o")) == {}
+    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {}
     stores = len(tracking.stores)
-    record_plan(None, "etl", {"o-0": (5, 5)})
+    record_plan(_CONN, "etl", {"o-0": (5, 5)})
     assert len(tracking.stores) == stores, "an empty plan records nothing"
 
 
@@ -922,7 +925,7 @@ def test_pending_plan_ignores_half_recorded_and_empty_plans(tracking: type[_Trac
 
     tracking.stored.update({("etl.rmqs-plan-start", "o-0"): 10, ("etl.rmqs-plan-start", "o-1"): 20})
     tracking.stored[("etl.rmqs-plan-end", "o-1")] = 20  # end not past start
-    assert pending_plan(None, watermarks(None, "etl", superstream="o")) == {}
+    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {}
 
 
 def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
@@ -930,10 +933,10 @@ def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
     from pyspark_rmqs.watermarks import store_watermarks_checked
 
     tracking.stored[("etl", "o-0")] = 9
-    store_watermarks_checked(None, "etl", {"o-0": 99}, {"o-0": 9, "o-1": None})
+    store_watermarks_checked(_CONN, "etl", {"o-0": 99}, {"o-0": 9, "o-1": None})
     assert tracking.stores == [("etl", {"o-0": 99})]
     with pytest.raises(WatermarkConflictError) as e:
-        store_watermarks_checked(None, "etl", {"o-0": 150}, {"o-0": 9})
+        store_watermarks_checked(_CONN, "etl", {"o-0": 150}, {"o-0": 9})
     assert str(e.value).startswith(
         "the watermark of consumer 'etl' was moved by another run since this run planned: 'o-0': 9 -> 99. "
         "Nothing was stored by this run"
@@ -943,4 +946,38 @@ def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
     with pytest.raises(
         WatermarkConflictError, match=r"while this run stored \(expected, found\): 'o-0': 150 -> 120"
     ):
-        store_watermarks_checked(None, "etl", {"o-0": 150}, {"o-0": 99})
+        store_watermarks_checked(_CONN, "etl", {"o-0": 150}, {"o-0": 99})
+
+
+def test_watermark_edges(tracking: type[_Tracking]) -> None:
+    from pyspark_rmqs.errors import WatermarkConflictError
+    from pyspark_rmqs.watermarks import (
+        PartitionWatermark,
+        Watermarks,
+        pending_plan,
+        plan_names,
+        store_watermarks,
+        store_watermarks_checked,
+        watermarks,
+    )
+
+    one = Watermarks("o", "etl", True, (PartitionWatermark("o-0", 0, 1, None),))
+    assert one.pending() == {"o-0": (0, 1)}, "a lag of one message is pending"
+    store_watermarks(_CONN, "etl", {"o-0": 0})  # only offset 0 was read: 0 is a watermark too
+    store_watermarks_checked(_CONN, "etl", {"o-1": 0}, {"o-1": None})
+    assert tracking.stores == [("etl", {"o-0": 0}), ("etl", {"o-1": 0})]
+    # A partition without a plan does not hide the next one's.
+    tracking.stored.update({("etl.rmqs-plan-start", "o-1"): 1, ("etl.rmqs-plan-end", "o-1"): 150})
+    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {"o-1": (1, 150)}
+    with pytest.raises(WatermarkConflictError) as e:
+        store_watermarks_checked(_CONN, "etl", {"o-1": 9, "o-0": 9}, {"o-0": None, "o-1": None})
+    assert "since this run planned: 'o-0': None -> 0, 'o-1': None -> 0. Nothing" in str(e.value)
+    assert str(e.value).endswith(
+        "Run one pipeline per consumer name at a time (the operators and assets serialise runs by "
+        "default), or give each its own consumer name"
+    )
+    with pytest.raises(ConfigurationError) as c:
+        plan_names("ab" * 200)
+    assert str(c.value).startswith(f"consumer name '{'ab' * 20}...' is 400 bytes")
+    with pytest.raises(ConfigurationError, match=r"^give exactly one of 'stream' or 'superstream'$"):
+        watermarks(_CONN, "etl")
