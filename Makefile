@@ -61,9 +61,10 @@ bench: setup broker-up
 	$(PY) -m bench.reader
 	$(PY) -m bench.writer
 	$(PY) -m bench.consume
-	$(PY) -m bench.spark_read
+	$(PY) -m bench.spark_read --memory
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
+	$(PY) -m bench.available_now
 
 # Re-resolve the locked versions after changing dependencies in pyproject.toml.
 lock:
