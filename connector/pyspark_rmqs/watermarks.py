@@ -213,14 +213,15 @@ def store_watermarks_checked(
 
     async def check_and_store() -> None:
         client = AsyncBrokerClient(conn)
-        streams = list(last_offsets)
+        wanted = {s: o for s, o in last_offsets.items() if o >= 0}  # -1: nothing read there, nothing to store
+        streams = list(wanted)
         now = await client.stored_offsets(consumer, streams)
         moved = {s: (seen.get(s), now[s]) for s in streams if now[s] != seen.get(s)}
         if moved:
             raise WatermarkConflictError(_conflict(consumer, moved, "since this run planned"))
-        await client.store_offsets(consumer, {s: o for s, o in last_offsets.items() if o >= 0})
+        await client.store_offsets(consumer, wanted)
         after = await client.stored_offsets(consumer, streams)
-        raced = {s: (last_offsets[s], after[s]) for s in streams if after[s] != last_offsets[s]}
+        raced = {s: (wanted[s], after[s]) for s in streams if after[s] != wanted[s]}
         if raced:
             raise WatermarkConflictError(
                 _conflict(consumer, raced, "while this run stored (expected, found)")
