@@ -15,6 +15,7 @@ from dagster_rmqs.assets import (
     stream_target,
 )
 from dagster_rmqs.checks import build_lag_check
+from dagster_rmqs.components import RabbitMQStreamComponent
 from dagster_rmqs.partitions import (
     OffsetRange,
     merge_offset_ranges,
@@ -29,6 +30,7 @@ from dagster_rmqs.sensors import build_new_data_sensor, build_observation_sensor
 
 __all__ = [
     "OffsetRange",
+    "RabbitMQStreamComponent",
     "RabbitMQStreamsResource",
     "SparkSessionResource",
     "StreamTarget",

@@ -1,0 +1,181 @@
+"""`RabbitMQStreamComponent`: a stream asset, its new-data sensor and its lag check from YAML.
+
+    # defs/orders/defs.yaml
+    type: dagster_rmqs.RabbitMQStreamComponent
+    attributes:
+      name: orders
+      superstream: orders
+      consumer_name: dagster-orders
+      output_path: lake/orders
+      sensor: {min_messages: 1}
+      lag_check: {max_lag: 100000}
+      connection: {uris_env: RMQS_URI}
+
+Everything maps onto the Python factories (`build_stream_asset`, `build_new_data_sensor`,
+`build_lag_check`), so YAML and Python assets behave alike. Secrets are named, never written:
+`password_env` / `uris_env` become `EnvVar`s, read when a run connects.
+"""
+
+from typing import Literal
+
+from dagster import (
+    DefaultSensorStatus,
+    Definitions,
+    EnvVar,
+    PartitionsDefinition,
+    TimeWindowPartitionsDefinition,
+)
+from dagster.components import Component, ComponentLoadContext, Model, Resolvable
+
+from dagster_rmqs.assets import build_stream_asset
+from dagster_rmqs.checks import build_lag_check
+from dagster_rmqs.partitions import offset_range_partitions
+from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource
+from dagster_rmqs.sensors import DEFAULT_RANGE_INTERVAL_S, build_new_data_sensor
+from dagster_rmqs.targets import DEFAULT_RABBITMQ_KEY, DEFAULT_SPARK_KEY
+
+
+class ConnectionModel(Model):
+    """A `RabbitMQStreamsResource` provided under the component's `rabbitmq_key`."""
+
+    endpoints: str | None = None
+    uris_env: str | None = None  # the name of an environment variable holding the URIs
+    username: str | None = None
+    password_env: str | None = None  # the name of an environment variable holding the password
+    vhost: str | None = None
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+
+class SparkModel(Model):
+    """A `SparkSessionResource` provided under the component's `spark_key`."""
+
+    master: str = "local[2]"
+    remote: str | None = None
+    spark_conf: dict[str, str] = {}
+
+
+class TimeWindowModel(Model):
+    """Time-window partitions (any cron); `end_offset: 1` makes the open window a partition too."""
+
+    cron_schedule: str
+    start: str
+    fmt: str
+    timezone: str = "UTC"
+    end_offset: int = 0
+
+
+class SensorModel(Model):
+    min_messages: int = 1
+    minimum_interval_seconds: int = 30
+    running: bool = False
+    min_range_interval_s: float = DEFAULT_RANGE_INTERVAL_S
+    max_range_messages: int | None = None
+
+
+class LagCheckModel(Model):
+    max_lag: int
+    blocking: bool = True
+
+
+class RabbitMQStreamComponent(Component, Model, Resolvable):
+    """A (super) stream read into an output under the watermark protocol, declared in YAML."""
+
+    name: str
+    consumer_name: str
+    stream: str | None = None
+    superstream: str | None = None
+    output_path: str
+    output_format: str = "parquet"
+    engine: Literal["spark", "arrow"] = "spark"
+    metadata_fields: str | None = None
+    key_prefix: list[str] | None = None
+    group_name: str | None = None
+    description: str | None = None
+    owners: list[str] | None = None
+    tags: dict[str, str] | None = None
+    kinds: list[str] | None = None
+    pool: str | None = None
+    code_version: str | None = None
+    offset_ranges: str | None = None  # the name of dynamic offset-range partitions
+    time_window: TimeWindowModel | None = None
+    sensor: SensorModel | None = None
+    lag_check: LagCheckModel | None = None
+    rabbitmq_key: str = DEFAULT_RABBITMQ_KEY
+    spark_key: str = DEFAULT_SPARK_KEY
+    connection: ConnectionModel | None = None
+    spark: SparkModel | None = None
+
+    def partitions(self) -> PartitionsDefinition | None:
+        if self.offset_ranges and self.time_window:
+            raise ValueError("give offset_ranges or time_window, not both")
+        if self.offset_ranges:
+            return offset_range_partitions(self.offset_ranges)
+        if self.time_window:
+            w = self.time_window
+            return TimeWindowPartitionsDefinition(
+                cron_schedule=w.cron_schedule,
+                start=w.start,
+                fmt=w.fmt,
+                timezone=w.timezone,
+                end_offset=w.end_offset,
+            )
+        return None
+
+    def build_defs(self, context: ComponentLoadContext) -> Definitions:
+        stream_asset = build_stream_asset(
+            self.name,
+            stream=self.stream,
+            superstream=self.superstream,
+            consumer_name=self.consumer_name,
+            output_path=self.output_path,
+            output_format=self.output_format,
+            engine=self.engine,
+            metadata_fields=self.metadata_fields,
+            partitions_def=self.partitions(),
+            rabbitmq_key=self.rabbitmq_key,
+            spark_key=self.spark_key,
+            key_prefix=self.key_prefix,
+            group_name=self.group_name,
+            description=self.description,
+            owners=self.owners,
+            tags=self.tags,
+            kinds=set(self.kinds) if self.kinds else None,
+            pool=self.pool,
+            code_version=self.code_version,
+        )
+        sensors = []
+        if self.sensor is not None:
+            s = self.sensor
+            sensors.append(
+                build_new_data_sensor(
+                    stream_asset,
+                    s.min_messages,
+                    minimum_interval_seconds=s.minimum_interval_seconds,
+                    default_status=DefaultSensorStatus.RUNNING if s.running else DefaultSensorStatus.STOPPED,
+                    min_range_interval_s=s.min_range_interval_s,
+                    max_range_messages=s.max_range_messages,
+                )
+            )
+        checks = []
+        if self.lag_check is not None:
+            checks.append(
+                build_lag_check(stream_asset, self.lag_check.max_lag, blocking=self.lag_check.blocking)
+            )
+        resources: dict[str, object] = {}
+        if self.connection is not None:
+            c = self.connection
+            resources[self.rabbitmq_key] = RabbitMQStreamsResource(
+                endpoints=c.endpoints,
+                uris=EnvVar(c.uris_env) if c.uris_env else None,
+                username=c.username,
+                password=EnvVar(c.password_env) if c.password_env else None,
+                vhost=c.vhost,
+                tls=c.tls,
+                tls_ca_file=c.tls_ca_file,
+            )
+        if self.spark is not None and self.engine == "spark":
+            resources[self.spark_key] = SparkSessionResource(
+                master=self.spark.master, remote=self.spark.remote, spark_conf=dict(self.spark.spark_conf)
+            )
+        return Definitions(assets=[stream_asset], sensors=sensors, asset_checks=checks, resources=resources)
