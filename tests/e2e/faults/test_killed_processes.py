@@ -63,8 +63,16 @@ def test_killed_python_worker_task_retry_returns_the_same_rows(
         "started": str(tmp_path / "started"),
         "options": spark_options(broker, stream=s, metadataFields="", minPartitions="2"),
     }
-    result = _finish(_job("read-kill-worker", cfg), 300)
-    assert result["killed"], "no reading worker was killed"
+    # On a loaded machine the kill can land on a worker between reads; a second run is allowed,
+    # and every run's rows are checked the same way.
+    for attempt in (1, 2):
+        result = _finish(_job("read-kill-worker", cfg), 300)
+        assert result["killed"], "no reading worker was killed"
+        if result["failed_tasks"] >= 1 or attempt == 2:
+            break
+        t = pq.read_table(out)
+        assert t.num_rows == len(bodies)
+        os.remove(tmp_path / "started")
     assert result["failed_tasks"] >= 1, "the kill failed no task: it did not hit a read"
     t = pq.read_table(out)
     cols = [t.column(c).to_pylist() for c in ("stream", "offset", "value")]
