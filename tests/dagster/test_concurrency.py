@@ -1,13 +1,16 @@
 """Two materializations of one watermark never run at once (pool limit 1), and never move it back."""
 
-import itertools
-import threading
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from dagster import DagsterEventType, RetryPolicy, materialize
-from dagster._core.test_utils import instance_for_test
 
 from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
 from tests.conftest import StreamFactory
@@ -15,50 +18,65 @@ from tests.support.broker import BrokerSettings
 from tests.support.data import publish
 
 pytestmark = pytest.mark.dagster
-POOL_LIMIT_1 = {"concurrency": {"pools": {"default_limit": 1}}}  # what users set in dagster.yaml
+ROOT = Path(__file__).resolve().parents[2]
+
+
+RUN = textwrap.dedent(
+    """
+    import json, sys, time
+    from dagster import DagsterInstance, materialize
+    from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
+
+    endpoints, user, password, stream = sys.argv[1:5]
+
+    def slow_sink(batch):
+        time.sleep(4)  # the other run, started meanwhile, must wait for the pool's slot
+
+    asset = build_stream_asset("pooled", stream=stream, consumer_name="dgc", sink=slow_sink, engine="arrow")
+    rabbitmq = RabbitMQStreamsResource(endpoints=endpoints, username=user, password=password)
+    instance = DagsterInstance.get()  # DAGSTER_HOME: one instance shared by both processes
+    result = materialize([asset], instance=instance, resources={"rabbitmq": rabbitmq})
+    (m,) = result.asset_materializations_for_node("pooled")
+    logs = [e.message or "" for e in instance.all_logs(result.run_id)]
+    blocked = any("blocked by limit for pool rmqs-dgc" in line for line in logs)
+    print(json.dumps({"rows": m.metadata["dagster/row_count"].value, "blocked": blocked}))
+    """
+)
 
 
 def test_two_concurrent_runs_against_one_instance_serialise_on_the_consumer_pool(
-    broker: BrokerSettings, streams: StreamFactory, rabbitmq: RabbitMQStreamsResource
+    broker: BrokerSettings, streams: StreamFactory, rabbitmq: RabbitMQStreamsResource, tmp_path: Path
 ) -> None:
+    """Two processes materialize one watermark asset against one instance (pools default_limit 1)."""
     s = streams.stream()
     publish(broker, s, [f"x{i}".encode() for i in range(50)])
-    spans: list[tuple[float, float, int]] = []
-    first = threading.Event()
-
-    def slow_sink(batch: Any) -> None:
-        t0 = time.monotonic()
-        if not first.is_set():
-            first.set()
-            publish(broker, s, [f"late{i}".encode() for i in range(20)])  # arrives during run one
-            time.sleep(3)  # run two, started meanwhile, must wait for the pool's slot
-        spans.append((t0, time.monotonic(), batch.num_rows))
-
-    asset = build_stream_asset("pooled", stream=s, consumer_name="dgc", sink=slow_sink, engine="arrow")
-    assert asset.op.pool == "rmqs-dgc"
-    results: list[Any] = []
-    with instance_for_test(overrides=POOL_LIMIT_1) as instance:
-
-        def run() -> None:
-            results.append(materialize([asset], instance=instance, resources={"rabbitmq": rabbitmq}))
-
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        for t in threads:
-            t.start()
-            time.sleep(0.3)
-        for t in threads:
-            t.join(120)
-        assert len(results) == 2 and all(r.success for r in results)
-        rows = sorted(
-            int(r.asset_materializations_for_node("pooled")[0].metadata["dagster/row_count"].value)
-            for r in results
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("concurrency:\n  pools:\n    default_limit: 1\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    args = [f"{broker.host}:{broker.port}", broker.username, broker.password, s]
+    procs = []
+    for _ in range(2):
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RUN, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-    # One after the other: run two planned after run one stored, so it read only the late 20.
-    assert rows == [20, 50]
-    assert sum(n for _, _, n in spans) == 70
-    ordered = sorted(spans)
-    assert all(a_end <= b_start for (_, a_end, _), (b_start, _, _) in itertools.pairwise(ordered))
-    # (the watermark sits past 69: the plan and watermark records take offsets in the stream too)
+        time.sleep(0.5)
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    # Serialised: the run that got the slot read all 50; the other waited for it, then planned from
+    # the stored watermark and read nothing. Run at once, both would read the same recorded range.
+    assert sorted(r["rows"] for r in reports) == [0, 50]
+    assert any(r["blocked"] for r in reports)
     assert rabbitmq.lag("dgc", stream=s) == {s: 0}
 
 
