@@ -44,6 +44,7 @@ from dagster_rmqs.targets import (
     stream_asset_spec,
     stream_target,
 )
+from pyspark_rmqs.delivery import check_delivery
 from pyspark_rmqs.errors import ConfigurationError
 
 __all__ = [
@@ -78,6 +79,7 @@ def build_stream_asset(
     checkpoint_location: str | None = None,
     source_options: Mapping[str, str] | None = None,
     metadata_fields: str | None = None,
+    delivery: str = "exactly_once",
     starting_offsets: Literal["earliest", "latest"] = "earliest",
     fail_on_data_loss: bool = True,
     max_messages: int | None = None,
@@ -116,6 +118,10 @@ def build_stream_asset(
     files `<stream>-<start>-<end>.parquet` under `output_path`, or `sink` called per
     `pyarrow.RecordBatch`. The broker is the `RabbitMQStreamsResource` under `rabbitmq_key`.
 
+    `delivery="exactly_once"` (default) commits the Spark engine's files under each run's range
+    token, so a retried range is never written twice; `"at_least_once"` writes straight to
+    `output_path`. A `sink` taking `token=` receives the run's token (see docs/semantics.md).
+
     `pool` (default `rmqs-<consumer_name>`, see `consumer_pool`) is the Dagster concurrency pool:
     with a limit of 1 on it, two materializations of one consumer's watermark never run at once.
     The other Dagster attributes (`automation_condition`, `code_version`, `freshness_policy`,
@@ -135,7 +141,13 @@ def build_stream_asset(
     if sink is None and not output_path:
         raise ConfigurationError("give output_path (with output_format) or a sink")
     output = Output(
-        output_path, output_format, output_mode, dict(output_options or {}), tuple(partition_by or ()), sink
+        output_path,
+        output_format,
+        output_mode,
+        dict(output_options or {}),
+        tuple(partition_by or ()),
+        sink,
+        check_delivery(delivery),
     )
     read = StreamRead(
         target,

@@ -35,6 +35,7 @@ class Output:
     options: Mapping[str, str] = field(default_factory=dict)
     partition_by: Sequence[str] = ()
     sink: Callable[[Any], Any] | None = None
+    delivery: str = "exactly_once"
 
     @property
     def uri(self) -> str | None:
@@ -73,7 +74,8 @@ class SparkEngine:
         from pyspark_rmqs.jobs import write_output
 
         o = self.output
-        return write_output(str(o.path), o.format, o.mode, dict(o.options), list(o.partition_by) or None)
+        parts = list(o.partition_by) or None
+        return write_output(str(o.path), o.format, o.mode, dict(o.options), parts, delivery=o.delivery)
 
     def read(
         self,
@@ -94,6 +96,8 @@ class SparkEngine:
             self.writer(),
             store_watermark=store_watermark,
             metadata_fields=self.metadata_fields,
+            pipeline=context.asset_key.to_user_string(),
+            retry_count=context.retry_number,
         )
 
 
@@ -124,6 +128,8 @@ class ArrowEngine:
             store_watermark=store_watermark,
             metadata_fields=self.metadata_fields,
             source_options=dict(self.source_options),
+            pipeline=context.asset_key.to_user_string(),
+            retry_count=context.retry_number,
         )
 
 

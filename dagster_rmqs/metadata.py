@@ -75,6 +75,24 @@ def offset_ranges_table(start: Mapping[str, int], end: Mapping[str, int]) -> Met
     return MetadataValue.table(rows, schema=_RANGES_SCHEMA)
 
 
+RUN_METRICS = (
+    "run_id",
+    "pipeline",
+    "token",
+    "delivery",
+    "records_read",
+    "records_written",
+    "bytes_read",
+    "bytes_written",
+    "batches",
+    "retry_count",
+    "fetch_ms",
+    "decode_ms",
+    "flush_ms",
+    "commit_ms",
+)
+
+
 def run_metadata(
     summary: RunSummary,
     *,
@@ -101,6 +119,12 @@ def run_metadata(
         v = getattr(summary, k)
         if v is not None:
             meta[k] = MetadataValue.int(int(v))
+    # The standard run metrics (DESIGN §9; None where the run cannot measure them).
+    metrics = summary.to_dict()
+    for k in RUN_METRICS:
+        v = metrics.get(k)
+        if v is not None:
+            meta[f"rmqs/{k}"] = v if isinstance(v, str | int | float | bool) else MetadataValue.json(v)
     for k, v in summary.extra.items():
         meta[k] = MetadataValue.json(v) if isinstance(v, dict | list) else v
     meta.update(extra or {})
