@@ -138,13 +138,16 @@ def test_range_reader_resubscribes_once_after_broker_restart(
 ) -> None:  # type: ignore[no-untyped-def]
     """In process, so the resubscription is counted from the reader's own log: exactly one."""
     s = streams.stream("fi")
-    bodies = [f"i{i:06d}".encode() for i in range(20_000)]
+    # 20 MB in 5,000-message chunks: far more than the reader's queue (500 messages, so one chunk in
+    # flight) and the sockets hold, so most of the range is still on the broker when it restarts.
+    n = 200_000
+    bodies = [f"i{i:06d}".ljust(100, ".").encode() for i in range(n)]
     publish(restartable, s, bodies, batch=5000)
     caplog.set_level(logging.WARNING, logger="pyspark_rmqs.broker.reader")
-    reader = RangeReader(conn_of(restartable), s, 0, 20_000, ReadSettings(batch_rows=500, queue_capacity=500))
+    reader = RangeReader(conn_of(restartable), s, 0, n, ReadSettings(batch_rows=500, queue_capacity=500))
     it = iter(reader)
     got = next(it).column("value").to_pylist()
-    assert 0 < len(got) < 20_000
+    assert 0 < len(got) < n
     broker_down()
     broker_up()
     for batch in it:
