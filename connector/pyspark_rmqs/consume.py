@@ -18,7 +18,6 @@ Used by the Spark-free Airflow operator and by Dagster's `engine="arrow"`; impor
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -30,9 +29,8 @@ from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
-from pyspark_rmqs.jobs import ReadPlan, RunSummary
+from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
-from pyspark_rmqs.watermarks import store_watermarks_checked, watermarks, watermarks_after
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -199,16 +197,13 @@ def run_consume(
     if isinstance(target, FunctionSink) and takes_token(target.fn):
         target.kwargs = {**target.kwargs, "token": token}
     s = settings or read_settings(conn, plan, metadata_fields=metadata_fields, source_options=source_options)
-    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
-    summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
     commits = FileCommits(target.uri) if isinstance(target, ParquetSink) and local_path(target.uri) else None
-    summary.delivery = "exactly_once" if commits is not None else "at_least_once"
+    committed_run = getattr(target, "committed", None)  # a sink keeping its own commits (Iceberg)
+    exactly_once = commits is not None or committed_run is not None
+    summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    committed_run = getattr(target, "committed", None)  # a sink keeping its own commits (Iceberg)
-    if committed_run is not None:
-        summary.delivery = "exactly_once"
     if record is None and committed_run is not None and not plan.is_empty and committed_run(token):
         log.info("range %s is already in %s (token %s): not written again", plan.ranges, target, token.value)
         summary.rows = summary.bytes = None
@@ -240,30 +235,13 @@ def run_consume(
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.UNKNOWN) from None
             summary.commit_ms = round((time.monotonic() - t_commit) * 1000, 3)
-    if store_watermark and plan.consumer and not plan.is_empty:
-        t_store = time.monotonic()
-        try:
-            store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
-        except BaseException as e:
-            if summary.delivery == "exactly_once":
-                mark_commit_state(e, CommitState.COMMITTED)
-            raise
-        summary.commit_ms = round((summary.commit_ms or 0.0) + (time.monotonic() - t_store) * 1000, 3)
-        summary.watermark_stored = True
     summary.extra["rows_per_stream"] = per_stream
     outputs = getattr(target, "outputs", None)
     if outputs is not None and "sink_skipped" not in summary.extra:
         summary.extra["files"] = list(outputs)
     if not plan.fail_on_data_loss:
         summary.extra["data_loss"] = lost
-    if plan.resumed:
-        summary.extra["resumed_plan"] = True
-    if plan.consumer:
-        kw = {"superstream": plan.target} if plan.superstream else {"stream": plan.target}
-        summary.lag_after = watermarks(conn, plan.consumer, **kw).total_lag
-    summary.seconds = round(time.monotonic() - t0, 3)
-    log.info("rmqs consume on '%s': %s", plan.target, json.dumps(summary.to_dict(), default=str))
-    return summary
+    return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
 
 
 def _consume(

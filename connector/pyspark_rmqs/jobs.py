@@ -316,10 +316,8 @@ def run_read(
     """
     t0 = time.monotonic()
     token = RunToken(plan.consumer, plan.ranges)
-    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
-    summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
     exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
-    summary.delivery = "exactly_once" if exactly_once else "at_least_once"
+    summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
     if not plan.is_empty:
         extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}
         if exactly_once:
@@ -338,12 +336,34 @@ def run_read(
             summary.batches = 1
         if not plan.fail_on_data_loss:
             summary.extra["data_loss"] = _retention_during(conn, plan)
+    return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
+
+
+def new_summary(
+    plan: ReadPlan, token: RunToken, pipeline: str | None, retry_count: int, *, exactly_once: bool
+) -> RunSummary:
+    """The summary a run fills in: its range, identity, token and delivery (Spark and Spark-free runs)."""
+    summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
+    summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
+    summary.delivery = "exactly_once" if exactly_once else "at_least_once"
+    return summary
+
+
+def finish_run(
+    conn: ConnectionOptions, plan: ReadPlan, summary: RunSummary, started: float, *, store_watermark: bool
+) -> RunSummary:
+    """The end of every run once its sink succeeded: store the watermark, then report.
+
+    The store is checked against concurrent runs; a failure there is marked `COMMITTED` when the
+    run's output was committed (exactly-once), so a retry only stores. Then the lag after the run,
+    the time taken, and one structured log line with the whole summary.
+    """
     if store_watermark and plan.consumer and not plan.is_empty:
         t_store = time.monotonic()
         try:
             store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
         except BaseException as e:
-            if exactly_once:
+            if summary.delivery == "exactly_once":
                 mark_commit_state(e, CommitState.COMMITTED)
             raise
         summary.commit_ms = round((summary.commit_ms or 0.0) + _ms_since(t_store), 3)
@@ -351,10 +371,9 @@ def run_read(
     if plan.resumed:
         summary.extra["resumed_plan"] = True
     if plan.consumer:
-        w = watermarks(conn, plan.consumer, **_target_kw(plan))
-        summary.lag_after = w.total_lag
-    summary.seconds = round(time.monotonic() - t0, 3)
-    log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict()))
+        summary.lag_after = watermarks(conn, plan.consumer, **_target_kw(plan)).total_lag
+    summary.seconds = round(time.monotonic() - started, 3)
+    log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict(), default=str))
     return summary
 
 

@@ -23,7 +23,7 @@ from airflow_rmqs.operators import (
     RabbitMQStreamProduceOperator,
     RabbitMQStreamReadOperator,
 )
-from pyspark_rmqs import consume
+from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.broker.reader import ReadSettings, read_range
 from pyspark_rmqs.broker.writer import hash_partition
 from pyspark_rmqs.schema import source_arrow_schema
@@ -157,18 +157,18 @@ def test_consume_parquet_superstream_one_file_per_range_and_a_retry_replaces_it(
     op = RabbitMQStreamConsumeOperator(
         task_id="c", superstream=name, consumer_name="pq", output_path=str(out), metadata_fields=""
     )
-    real_store = consume.store_watermarks_checked
+    real_store = jobs.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away before the store")
 
-    monkeypatch.setattr(consume, "store_watermarks_checked", store_fails)
+    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
     with pytest.raises(ConnectionError):
         op.execute({})
     first_files = sorted(p.name for p in out.iterdir() if not p.name.startswith("_"))
     assert first_files == sorted(f"{p}-0-{expected[p]}.parquet" for p in parts)
     assert len(list((out / "_rmqs_commits").iterdir())) == 1  # committed before the store failed
-    monkeypatch.setattr(consume, "store_watermarks_checked", real_store)
+    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
     publish_keyed(broker, name, [("late", b"late")])  # not in the pending plan
     summary = op.execute({})
     assert summary["resumed_plan"] is True and summary["rows"] == 300
@@ -199,8 +199,6 @@ def test_consume_memory_is_bounded_by_the_batches_not_the_range(broker: BrokerSe
 
 
 def consume_plan(broker: BrokerSettings, stream: str) -> Any:
-    from pyspark_rmqs import jobs
-
     return jobs.plan_read(conn_of(broker), stream=stream, start="earliest", persist=False)
 
 

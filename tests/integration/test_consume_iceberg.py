@@ -48,17 +48,17 @@ def test_a_replayed_range_is_recognised_from_the_table_and_not_appended_again(
         plan = jobs.plan_read(conn, stream=s, consumer="ice")
         return consume.run_consume(conn, plan, IcebergSink("lake.events", catalog)).to_dict()
 
-    real_store = consume.store_watermarks_checked
+    real_store = jobs.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away after the commit, before the store")
 
-    monkeypatch.setattr(consume, "store_watermarks_checked", store_fails)
+    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
     with pytest.raises(ConnectionError) as failed:
         run()
     assert getattr(failed.value, "commit_state", None) == "committed"
     assert _offsets(catalog, "lake.events") == [(s, o) for o in range(400)]
-    monkeypatch.setattr(consume, "store_watermarks_checked", real_store)
+    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
     publish(broker, s, [b"late"])  # not part of the pending plan
     summary = run()
     assert summary["resumed_plan"] is True and summary["sink_skipped"] is True

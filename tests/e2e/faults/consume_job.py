@@ -36,7 +36,7 @@ def main(cfg: dict[str, Any]) -> None:
 
         consume.ParquetSink.close = close_then_die  # type: ignore[method-assign]
     elif kill == "commit":
-        consume.store_watermarks_checked = lambda *a, **k: _die()  # type: ignore[assignment]
+        jobs.store_watermarks_checked = lambda *a, **k: _die()  # type: ignore[assignment]
     plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
     consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"]))
     if kill == "stored":
