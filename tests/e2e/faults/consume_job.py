@@ -10,15 +10,10 @@ CONFIG_JSON: {"endpoints", "username", "password", "vhost", "superstream", "cons
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from typing import Any
 
-
-def _die() -> None:
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+from tests.e2e.faults.kill_points import arm, die
 
 
 def main(cfg: dict[str, Any]) -> None:
@@ -32,15 +27,15 @@ def main(cfg: dict[str, Any]) -> None:
 
         def close_then_die(self: Any) -> None:
             real_close(self)
-            _die()
+            die()
 
         consume.ParquetSink.close = close_then_die  # type: ignore[method-assign]
     elif kill == "commit":
-        jobs.store_watermarks_checked = lambda *a, **k: _die()  # type: ignore[assignment]
+        arm(kill)
     plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
     consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"]))
     if kill == "stored":
-        _die()
+        die()
 
 
 if __name__ == "__main__":

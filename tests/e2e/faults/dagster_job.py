@@ -9,36 +9,20 @@ not published), `commit` (commit record written, watermark not stored) or `store
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from typing import Any
 
+from tests.e2e.faults.kill_points import arm, die
 from tests.e2e.faults.spark_job import session
-
-
-def _die() -> None:
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(cfg: dict[str, Any]) -> None:
     from dagster import materialize
 
     from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
-    from pyspark_rmqs import jobs
 
     kill = cfg["kill"]
-    if kill == "sink":
-        real_write = jobs.FileOutput.write_to
-
-        def write_then_die(self: Any, df: Any, path: str, mode: str) -> None:
-            real_write(self, df, path, mode)
-            _die()
-
-        jobs.FileOutput.write_to = write_then_die  # type: ignore[method-assign]
-    elif kill == "commit":
-        jobs.store_watermarks_checked = lambda *a, **k: _die()  # type: ignore[assignment]
+    arm(kill)
     asset = build_stream_asset(
         "eo", stream=cfg["stream"], consumer_name=cfg["consumer"], output_path=cfg["out"]
     )
@@ -51,7 +35,7 @@ def main(cfg: dict[str, Any]) -> None:
     )
     assert result.success
     if kill == "stored":
-        _die()
+        die()
 
 
 if __name__ == "__main__":

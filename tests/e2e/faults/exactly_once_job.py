@@ -11,17 +11,11 @@ sends itself SIGKILL there: no `finally`, no atexit, exactly what a lost worker 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from typing import Any
 
+from tests.e2e.faults.kill_points import arm, die
 from tests.e2e.faults.spark_job import session
-
-
-def _die() -> None:
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(cfg: dict[str, Any]) -> None:
@@ -30,25 +24,12 @@ def main(cfg: dict[str, Any]) -> None:
 
     conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
     kill = cfg["kill"]
-    if kill == "sink":
-        real_write = jobs.FileOutput.write_to
-
-        def write_then_die(self: Any, df: Any, path: str, mode: str) -> None:
-            real_write(self, df, path, mode)
-            _die()  # the staged files are complete; the publish never happens
-
-        jobs.FileOutput.write_to = write_then_die  # type: ignore[method-assign]
-    elif kill == "commit":
-
-        def die_before_store(*a: Any, **k: Any) -> None:
-            _die()
-
-        jobs.store_watermarks_checked = die_before_store  # type: ignore[assignment]
+    arm(kill)
     spark = session("local[2]")
     plan = jobs.plan_read(conn, stream=cfg["stream"], consumer=cfg["consumer"])
     jobs.run_read(spark, conn, plan, jobs.write_output(cfg["out"]))
     if kill == "stored":
-        _die()
+        die()
 
 
 if __name__ == "__main__":
