@@ -337,7 +337,7 @@ class RangeReader:
                 idle = time.monotonic() - last_chunk_at
                 if idle >= _IDLE_CHECK_S and time.monotonic() - idle_checked_at > 1.0:
                     idle_checked_at = time.monotonic()
-                    if self._nothing_left(idle):
+                    if self._nothing_left():
                         self.next_offset = self.end
                         return
                     if self._filter_silent(idle):
@@ -464,14 +464,10 @@ class RangeReader:
     def _filtered(self) -> bool:
         return bool(self.s.filter_values) and self.unfiltered_from is None
 
-    def _tail(self) -> int:
-        aio = AsyncBrokerClient(self.conn, patient=True)
-        return run_sync(aio.tail(self.stream), METADATA_CALL_TIMEOUT_S, f"tail of '{self.stream}'")
-
-    def _nothing_left(self, idle_s: float) -> bool:
+    def _nothing_left(self) -> bool:
         """True when no user message remains in [next_offset, end): the broker has nothing to send."""
         aio = AsyncBrokerClient(self.conn, patient=True)
-        tail = self._tail()
+        tail = run_sync(aio.tail(self.stream), METADATA_CALL_TIMEOUT_S, f"tail of '{self.stream}'")
         if tail <= self.next_offset:
             stats = run_sync(aio.stats(self.stream), METADATA_CALL_TIMEOUT_S)
             # Every offset below `end` is written (tracking entries included): nothing more can come.
