@@ -17,7 +17,6 @@ from pyspark_rmqs.broker.client import BrokerClient, parse_version
 from pyspark_rmqs.codec import to_millis
 from pyspark_rmqs.errors import (
     ConfigurationError,
-    StreamNotFoundError,
     UnsupportedBrokerError,
     lost_message,
     report_data_loss,
@@ -48,14 +47,10 @@ def check_version(
 
 def partition_streams(client: BrokerClient, opts: SourceOptions) -> list[str]:
     """The streams read: the stream itself, or the super stream's partitions in the broker's order."""
-    if opts.superstream is not None:
-        parts = client.partitions(opts.superstream)
+    parts = opts.target.streams(client, hint=f" (option '{opts.alias('stream')}')")
+    if opts.is_super_stream:
         opts.validate_partitions(parts)
-        return parts
-    assert opts.stream is not None
-    if not client.stream_exists(opts.stream):
-        raise StreamNotFoundError(f"stream '{opts.stream}' does not exist (option 'stream')")
-    return [opts.stream]
+    return parts
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import Any
 from pyspark_rmqs import codec
 from pyspark_rmqs.batches import encode_row, message_body
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import ConfigurationError, DataError
+from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.target import Target
 
 _KEYS = frozenset(("value", "routing_key", "properties", "application_properties", "message_annotations"))
 BATCH = 1000  # messages handed to the producer at a time (it keeps its own confirm window)
@@ -45,18 +46,18 @@ def publish(
     batch: int = BATCH,
 ) -> dict[str, int]:
     """Publish `messages` in order and wait for every confirm; messages per partition stream."""
-    if (stream is None) == (superstream is None):
-        raise ConfigurationError("give exactly one of 'stream' or 'superstream'")
-    target = str(superstream if superstream is not None else stream)
-    is_super = superstream is not None
-    with StreamProducer(conn, target, superstream=is_super, settings=settings or WriteSettings()) as producer:
+    target = Target.of(stream, superstream)
+    is_super = target.is_super
+    with StreamProducer(
+        conn, target.name, superstream=is_super, settings=settings or WriteSettings()
+    ) as producer:
         msgs: list[bytes] = []
         keys: list[str | None] = []
         for i, m in enumerate(messages):
             data, key = encode_message(m, i)
             if is_super and key is None:
                 raise DataError(
-                    f"message {i} has no 'routing_key': publishing to super stream '{target}' routes every "
+                    f"message {i} has no 'routing_key': publishing to {target.describe()} routes every "
                     "message by its key (yield a dict with 'value' and 'routing_key')"
                 )
             msgs.append(data)
@@ -71,5 +72,5 @@ def publish(
         return (
             {p: counts.get(p, 0) for p in producer.partitions}
             if is_super
-            else {target: counts.get(target, 0)}
+            else {target.name: counts.get(target.name, 0)}
         )

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from pyspark_rmqs.errors import ConfigurationError, StreamNotFoundError
 
 DEFAULT_LABELS = ("'stream'", "'superstream'")
+
+
+class TargetKw(TypedDict, total=False):
+    """The keyword form of a target (exactly one key), typed so `**t.kw()` checks against signatures."""
+
+    stream: str
+    superstream: str
 
 
 class PartitionLookup(Protocol):
@@ -73,26 +80,32 @@ class Target:
         """The keyword users type for it: `stream` or `superstream`."""
         return "superstream" if self.is_super else "stream"
 
-    def kw(self) -> dict[str, str]:
+    def kw(self) -> TargetKw:
         """`{"stream": name}` or `{"superstream": name}`: the keyword form, for public calls."""
-        return {self.kind: self.name}
+        return TargetKw(superstream=self.name) if self.is_super else TargetKw(stream=self.name)
 
     def describe(self) -> str:
         """`stream 'x'` or `super stream 'x'`, for messages."""
         return f"{'super stream' if self.is_super else 'stream'} '{self.name}'"
 
-    def streams(self, client: PartitionLookup) -> list[str]:
-        """The partition streams of a super stream (broker order), or the stream if it exists."""
+    def streams(self, client: PartitionLookup, *, hint: str = "") -> list[str]:
+        """The partition streams of a super stream (broker order), or the stream if it exists.
+
+        `hint` ends the "does not exist" message, to say where the name came from (an option).
+        """
         if self.is_super:
             return list(client.partitions(self.name))
         if not client.stream_exists(self.name):
-            raise StreamNotFoundError(f"stream '{self.name}' does not exist")
+            raise self._missing(hint)
         return [self.name]
 
-    async def astreams(self, client: AsyncPartitionLookup) -> list[str]:
+    async def astreams(self, client: AsyncPartitionLookup, *, hint: str = "") -> list[str]:
         """`streams()` with an asyncio client."""
         if self.is_super:
             return list(await client.partitions(self.name))
         if not await client.stream_exists(self.name):
-            raise StreamNotFoundError(f"stream '{self.name}' does not exist")
+            raise self._missing(hint)
         return [self.name]
+
+    def _missing(self, hint: str) -> StreamNotFoundError:
+        return StreamNotFoundError(f"stream '{self.name}' does not exist{hint}")

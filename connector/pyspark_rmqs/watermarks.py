@@ -18,6 +18,7 @@ from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
+from pyspark_rmqs.target import Target
 
 # A run's plan is kept in the broker as the stored offsets of two companion tracking names.
 PLAN_START_SUFFIX = ".rmqs-plan-start"
@@ -80,26 +81,13 @@ class Watermarks:
         }
 
 
-def _target(stream: str | None, superstream: str | None) -> tuple[str, bool]:
-    if (stream is None) == (superstream is None):
-        raise ConfigurationError("give exactly one of 'stream' or 'superstream'")
-    return (superstream, True) if superstream is not None else (str(stream), False)
-
-
 async def awatermarks(
     conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
 ) -> Watermarks:
     """Tails, stored offsets and lag of `consumer` on a stream or every partition of a super stream."""
-    name, is_super = _target(stream, superstream)
+    target = Target.of(stream, superstream)
     client = AsyncBrokerClient(conn)
-    if is_super:
-        streams = await client.partitions(name)
-    else:
-        if not await client.stream_exists(name):
-            from pyspark_rmqs.errors import StreamNotFoundError
-
-            raise StreamNotFoundError(f"stream '{name}' does not exist")
-        streams = [name]
+    streams = await target.astreams(client)
 
     async def one(s: str) -> PartitionWatermark:
         (first, tail), stored = await asyncio.gather(client.bounds(s), client.stored_offset(consumer, s))
@@ -112,7 +100,7 @@ async def awatermarks(
             return await one(s)
 
     parts = await asyncio.gather(*(bounded(s) for s in streams))
-    return Watermarks(name, consumer, is_super, tuple(parts))
+    return Watermarks(target.name, consumer, target.is_super, tuple(parts))
 
 
 def watermarks(

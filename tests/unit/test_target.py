@@ -55,3 +55,13 @@ def test_partition_lookup_sync_and_async() -> None:
         asyncio.run(Target.of(stream="nope").astreams(aclient))
     with pytest.raises(StreamNotFoundError, match="super stream 'x'"):
         Target.of(superstream="x").streams(client)
+
+
+def test_a_missing_stream_can_say_where_its_name_came_from() -> None:
+    client = _Client({"orders": ["orders-0"]}, set())
+    hint = " (option 'stream')"
+    with pytest.raises(StreamNotFoundError, match=r"^stream 'nope' does not exist \(option 'stream'\)$"):
+        Target.of(stream="nope").streams(client, hint=hint)
+    with pytest.raises(StreamNotFoundError, match=r"^stream 'nope' does not exist \(option 'stream'\)$"):
+        asyncio.run(Target.of(stream="nope").astreams(_AsyncClient({}, set()), hint=hint))
+    assert Target.of(superstream="orders").streams(client, hint=hint) == ["orders-0"]  # no check there

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self, get_args
+from typing import Any, Literal, Self, get_args
 
 from pydantic import field_validator, model_validator
 
 from pyspark_rmqs.options.connection import ConnectionOptions, connection_from
-from pyspark_rmqs.options.fields import DAY_MS, OptionModel, Reader, build, err, option, show
-from pyspark_rmqs.options.source import check_target
+from pyspark_rmqs.options.fields import DAY_MS, Reader, build, err, option, show
+from pyspark_rmqs.options.source import TargetOptions, check_target
 from pyspark_rmqs.schema import PROPERTY_NAMES
 
 CompressionKind = Literal["none", "gzip", "snappy", "lz4", "zstd"]
@@ -17,7 +17,7 @@ COMPRESSION_VALUES: tuple[str, ...] = get_args(CompressionKind)
 ROUTING_STRATEGY_VALUES: tuple[str, ...] = get_args(RoutingStrategyKind)
 
 
-class SinkOptions(OptionModel):
+class SinkOptions(TargetOptions):
     """Options of a batch (`df.write`) or streaming (`df.writeStream`) write."""
 
     connection: ConnectionOptions
@@ -137,14 +137,23 @@ class SinkOptions(OptionModel):
             )
         return self
 
-    @property
-    def is_super_stream(self) -> bool:
-        return self.superstream is not None
+    def writer_settings(self) -> dict[str, Any]:
+        """Keyword arguments of the broker layer's `WriteSettings` these options give.
 
-    @property
-    def name(self) -> str:
-        """The stream or super stream written."""
-        return self.superstream if self.superstream is not None else str(self.stream)
+        The producer's identity is not among them (`producerName` becomes one name per task, with
+        its publishing ids: spark/sink.py), nor what the encoder or the driver uses
+        (`filterValuePath`, `ignoreUnknownColumns`).
+        """
+        return {
+            "confirm_timeout_ms": self.publisher_confirm_timeout_ms,
+            "max_in_flight": self.max_in_flight,
+            "enqueue_timeout_ms": self.enqueue_timeout_ms,
+            "batch_size": self.batch_size,
+            "compression": self.compression,
+            "sub_entry_size": self.sub_entry_size,
+            "routing_strategy": self.routing_strategy,
+            "partitioner_class": self.partitioner_class,
+        }
 
 
 def sink_from(values: dict[str, str]) -> SinkOptions:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Self, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import model_validator
 
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.offsets import offsets_from_json
 from pyspark_rmqs.options.connection import ConnectionOptions, connection_from
 from pyspark_rmqs.options.fields import (
@@ -22,6 +23,7 @@ from pyspark_rmqs.options.fields import (
     split_list,
 )
 from pyspark_rmqs.schema import METADATA_FIELDS
+from pyspark_rmqs.target import Target
 
 StartingOffsetsKind = Literal["earliest", "latest", "offset", "timestamp", "json"]
 EndingOffsetsKind = Literal["latest", "offset", "json"]
@@ -29,17 +31,41 @@ STARTING_OFFSETS_VALUES = tuple(v for v in get_args(StartingOffsetsKind) if v !=
 ENDING_OFFSETS_VALUES = tuple(v for v in get_args(EndingOffsetsKind) if v != "json")
 
 
-def check_target(model: OptionModel, stream: str | None, superstream: str | None) -> None:
-    """Exactly one of `stream` / `superstream` (reads and writes alike)."""
-    if (stream is None) == (superstream is None):
+def check_target(model: OptionModel, stream: str | None, superstream: str | None) -> Target:
+    """Exactly one of `stream` / `superstream` (reads and writes alike), in the options' words."""
+    try:
+        return Target.of(stream, superstream)
+    except ConfigurationError:
         state = "both are set" if stream is not None else "neither is set"
         raise err(
             f"exactly one of the options '{model.alias('stream')}' or '{model.alias('superstream')}' "
             f"must be set; {state}"
-        )
+        ) from None
 
 
-class SourceOptions(OptionModel):
+class TargetOptions(OptionModel):
+    """What the read and the write tables share about their `stream` / `superstream` pair."""
+
+    if TYPE_CHECKING:  # declared by each table (its own doc line); checked by `check_target`
+        stream: str | None
+        superstream: str | None
+
+    @property
+    def target(self) -> Target:
+        """The stream or super stream, as the one value the layers below take."""
+        return Target.of(self.stream, self.superstream)
+
+    @property
+    def is_super_stream(self) -> bool:
+        return self.superstream is not None
+
+    @property
+    def name(self) -> str:
+        """The stream or super stream read or written."""
+        return self.target.name
+
+
+class SourceOptions(TargetOptions):
     """Options of a batch (`spark.read`) or streaming (`spark.readStream`) read.
 
     `starting_offsets` / `ending_offsets` is "json" when a JSON object was given; the object is then
@@ -291,19 +317,10 @@ class SourceOptions(OptionModel):
             "fail_on_data_loss": self.fail_on_data_loss,
         }
 
-    @property
-    def is_super_stream(self) -> bool:
-        return self.superstream is not None
-
-    @property
-    def name(self) -> str:
-        """The stream or super stream read."""
-        return self.superstream if self.superstream is not None else str(self.stream)
-
     def validate_partitions(self, partitions: list[str]) -> None:
         """Fail when an offsets JSON object names a stream that is not one of `partitions`."""
         valid = set(partitions)
-        what = f"super stream '{self.superstream}'" if self.is_super_stream else f"stream '{self.stream}'"
+        what = self.target.describe()
         for field, offsets in (
             ("starting_offsets", self.starting_offsets_json),
             ("ending_offsets", self.ending_offsets_json),
