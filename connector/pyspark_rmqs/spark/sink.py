@@ -213,17 +213,11 @@ def check_producer_name(opts: SinkOptions) -> None:
         )
 
 
-def _settings(opts: SinkOptions, dedup: Dedup) -> WriteSettings:
+def write_settings(opts: SinkOptions, dedup: Dedup) -> WriteSettings:
+    """A task's producer settings: the options' (`SinkOptions.writer_settings`) and its identity (`dedup`)."""
     return WriteSettings(
+        **opts.writer_settings(),
         producer_name=dedup.name,
-        confirm_timeout_ms=opts.publisher_confirm_timeout_ms,
-        max_in_flight=opts.max_in_flight,
-        enqueue_timeout_ms=opts.enqueue_timeout_ms,
-        batch_size=opts.batch_size,
-        compression=opts.compression,
-        sub_entry_size=opts.sub_entry_size,
-        routing_strategy=opts.routing_strategy,
-        partitioner_class=opts.partitioner_class,
         resume_sequence=False,
         first_publishing_id=dedup.first_id,
         publishing_id_limit=dedup.id_limit,
@@ -242,7 +236,7 @@ def write_task(
         stream=None if opts.is_super_stream else opts.stream,
     )
     producer = StreamProducer(
-        opts.connection, opts.name, superstream=opts.is_super_stream, settings=_settings(opts, dedup)
+        opts.connection, opts.name, superstream=opts.is_super_stream, settings=write_settings(opts, dedup)
     )
     try:
         for batch in batches:
