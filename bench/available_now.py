@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import connection, fill_batches, report, spark_session, temp_super_stream, timed
+from bench.common import best_of, connection, fill_batches, report, spark_session, temp_super_stream
 from bench.spark_read import PARTITIONS, source, spread
 
 
@@ -48,21 +48,20 @@ def main() -> None:
     n = args.messages
     conn = connection()
     spark = spark_session("rmqs-bench-available-now")
-    best: dict[str, float] = {}
     try:
         with (
             temp_super_stream(conn, PARTITIONS, "bench-available-now") as (name, parts),
             tempfile.TemporaryDirectory() as tmp,
         ):
             fill_batches(conn, spread(parts, n), n, args.batch)
-            for r in range(args.rounds):
-                secs, rows = timed(lambda: _batch(spark, name, Path(tmp) / f"batch-{r}"))  # noqa: B023
-                assert rows == n, ("batch", rows, n)
-                best["batch"] = min(best.get("batch", secs), secs)
-                out, ckpt = Path(tmp) / f"drain-{r}", Path(tmp) / f"ckpt-{r}"
-                secs, rows = timed(lambda: _drain(spark, name, out, ckpt))  # noqa: B023
-                assert rows == n, ("available now", rows, n)
-                best["drain"] = min(best.get("drain", secs), secs)
+            best = best_of(
+                args.rounds,
+                n,
+                {
+                    "batch": lambda r: _batch(spark, name, Path(tmp) / f"batch-{r}"),
+                    "drain": lambda r: _drain(spark, name, Path(tmp) / f"drain-{r}", Path(tmp) / f"ckpt-{r}"),
+                },
+            )
     finally:
         spark.stop()
     base = report("batch read into Parquet", n, best["batch"])

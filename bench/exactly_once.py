@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from bench.common import connection, fill, report, spark_session, temp_stream, timed
+from bench.common import best_of, connection, fill, report, spark_session, temp_stream
 from pyspark_rmqs import jobs
 
 
@@ -27,22 +27,23 @@ def main() -> None:
     args = ap.parse_args()
     conn = connection()
     spark = spark_session("rmqs-bench-exactly-once")
-    best: dict[str, float] = {}
     with temp_stream(conn) as stream, tempfile.TemporaryDirectory() as tmp:
         fill(conn, stream, args.messages)
-        for _ in range(args.rounds):
-            for delivery in ("at_least_once", "exactly_once"):
-                consumer = f"bench-{uuid.uuid4().hex[:8]}"
-                out = Path(tmp) / consumer
-                sink = jobs.write_output(str(out), delivery=delivery)
 
-                def run() -> int:
-                    plan = jobs.plan_read(conn, stream=stream, consumer=consumer)  # noqa: B023
-                    return int(jobs.run_read(spark, conn, plan, sink, metadata_fields="").rows or 0)  # noqa: B023
+        def run(delivery: str) -> int:
+            consumer = f"bench-{uuid.uuid4().hex[:8]}"
+            sink = jobs.write_output(str(Path(tmp) / consumer), delivery=delivery)
+            plan = jobs.plan_read(conn, stream=stream, consumer=consumer)
+            return int(jobs.run_read(spark, conn, plan, sink, metadata_fields="").rows or 0)
 
-                seconds, rows = timed(run)
-                assert rows == args.messages, f"{delivery} read {rows} rows"
-                best[delivery] = min(best.get(delivery, seconds), seconds)
+        best = best_of(
+            args.rounds,
+            args.messages,
+            {
+                "at_least_once": lambda _r: run("at_least_once"),
+                "exactly_once": lambda _r: run("exactly_once"),
+            },
+        )
     base = report("at-least-once run into Parquet", args.messages, best["at_least_once"])
     report("exactly-once run into Parquet", args.messages, best["exactly_once"], base)
     overhead = best["exactly_once"] / best["at_least_once"] - 1

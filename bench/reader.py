@@ -1,11 +1,12 @@
 """Reader throughput against a bare rstream consumer, on chunks as producers in the field make them.
 
-    .venv/bin/python -m bench.reader [--messages N] [--batches 100,1000,10000]
+    .venv/bin/python -m bench.reader [--messages N] [--batches 100,1000,10000] [--rounds 3]
 
 For each publish-batch size B, N 100-byte messages go into a fresh stream through rstream's own
 `Producer.send_batch` of B messages per call (about one chunk per call; the average messages per
 chunk the broker made is printed). Then, on that stream, in one run: the bare rstream consumer,
-`RangeReader` with the fixed columns and with all metadata columns. Prints one line per side and a
+`RangeReader` with the fixed columns and with all metadata columns, each the best of `--rounds`
+interleaved rounds (bench.common.best_of). Prints one line per side and a
 summary line per size:
 `B=100 (100.0 msg/chunk): bare 380,000 msg/s; fixed columns 1.52x; all metadata 0.95x`.
 """
@@ -17,7 +18,7 @@ import asyncio
 
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
-from bench.common import chunk_stats, connection, fill_batches, report, temp_stream, timed
+from bench.common import ROUNDS, best_of, chunk_stats, connection, fill_batches, report, temp_stream
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.schema import METADATA_FIELDS
@@ -66,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--batches", default=BATCHES, help="messages per rstream send_batch, comma-separated")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="best of this many interleaved rounds")
     args = ap.parse_args()
     n = args.messages
     conn = connection()
@@ -75,12 +77,18 @@ def main() -> None:
             fill_batches(conn, stream, n, size)
             per_chunk = chunk_stats(conn, stream, n)  # also warms the connection pool and imports
             print(f"-- send_batch of {size:,}: {per_chunk:,.1f} messages per chunk on average", flush=True)
-            secs, _ = timed(lambda: asyncio.run(_bare(conn, stream, n)))
-            base = report("bare rstream consumer", n, secs)
-            secs, _ = timed(lambda: _ours(conn, stream, n, ()))
-            fixed = report("RangeReader fixed columns", n, secs, base)
-            secs, _ = timed(lambda: _ours(conn, stream, n, METADATA_FIELDS))
-            meta = report("RangeReader all metadata", n, secs, base)
+            best = best_of(
+                args.rounds,
+                n,
+                {
+                    "bare": lambda _r: asyncio.run(_bare(conn, stream, n)),
+                    "fixed": lambda _r: _ours(conn, stream, n, ()),
+                    "meta": lambda _r: _ours(conn, stream, n, METADATA_FIELDS),
+                },
+            )
+            base = report("bare rstream consumer", n, best["bare"])
+            fixed = report("RangeReader fixed columns", n, best["fixed"], base)
+            meta = report("RangeReader all metadata", n, best["meta"], base)
             summary.append(
                 f"reader B={size} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
                 f"fixed columns {fixed / base:.2f}x; all metadata {meta / base:.2f}x"

@@ -1,6 +1,6 @@
 """Spark batch-read throughput against a bare rstream consumer, on chunks as producers make them.
 
-    .venv/bin/python -m bench.spark_read [--messages N] [--batches 100,1000,10000] [--memory]
+    .venv/bin/python -m bench.spark_read [--messages N] [--batches 100,1000,10000] [--rounds 3] [--memory]
                                          [--memory-sizes 1000000,10000000]
 
 For each publish-batch size B, N 100-byte messages are spread evenly over a fresh 2-partition super
@@ -8,7 +8,8 @@ stream through rstream's own `Producer.send_batch` of B messages per call (bench
 the average messages per chunk the broker made is printed). The bare rstream consumer drains both
 partitions concurrently (one subscription each, one asyncio loop); Spark (`local[2]`, warmed up by a
 tiny read first) reads the super stream into the `noop` sink, once with no metadata columns and once
-with all of them. Prints one line per side and a summary line per size:
+with all of them; each side the best of `--rounds` interleaved rounds. Prints one line per side
+and a summary line per size:
 `spark read B=100 (50.0 msg/chunk): bare 250,000 msg/s; fixed columns 1.10x; all metadata 0.80x`.
 
 With `--memory`, also the peak RSS of a separate Python process iterating a `RangeReader` over
@@ -27,6 +28,8 @@ from typing import Any
 
 from bench.common import (
     REPO,
+    ROUNDS,
+    best_of,
     chunk_stats,
     connection,
     fill,
@@ -35,7 +38,6 @@ from bench.common import (
     spark_session,
     temp_stream,
     temp_super_stream,
-    timed,
 )
 from bench.reader import BATCHES, _bare, sizes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
@@ -107,24 +109,27 @@ def _memory(conn: ConnectionOptions, counts: list[int]) -> None:
             print(f"reader peak RSS for {n:,} messages: {_peak_rss_mib(stream, n):,.1f} MiB", flush=True)
 
 
-def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int) -> str:
+def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: int) -> str:
     with temp_super_stream(conn, PARTITIONS, "bench-spark-read") as (name, parts):
         counts = spread(parts, n)
         fill_batches(conn, counts, n, batch)
         per_chunk = n / sum(counts[p] / chunk_stats(conn, p, counts[p]) for p in parts)
         print(f"-- send_batch of {batch:,}: {per_chunk:,.1f} messages per chunk on average", flush=True)
-        secs, seen = timed(lambda: asyncio.run(_bare_all(conn, counts)))
-        assert seen == n, (seen, n)
-        base = report("bare rstream consumer", n, secs)
         ending = {p: min(WARMUP, c) for p, c in counts.items()}
         for fields in ("", None):  # JVM, Python workers, imports and broker connections
             _spark_read(spark, name, fields, ending)
-        secs, rows = timed(lambda: _spark_read(spark, name, ""))
-        assert rows == n, (rows, n)
-        fixed = report("spark fixed columns", n, secs, base)
-        secs, rows = timed(lambda: _spark_read(spark, name, None))
-        assert rows == n, (rows, n)
-        meta = report("spark all metadata", n, secs, base)
+        best = best_of(
+            rounds,
+            n,
+            {
+                "bare": lambda _r: asyncio.run(_bare_all(conn, counts)),
+                "fixed": lambda _r: _spark_read(spark, name, ""),
+                "meta": lambda _r: _spark_read(spark, name, None),
+            },
+        )
+        base = report("bare rstream consumer", n, best["bare"])
+        fixed = report("spark fixed columns", n, best["fixed"], base)
+        meta = report("spark all metadata", n, best["meta"], base)
     return (
         f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
         f"fixed columns {fixed / base:.2f}x; all metadata {meta / base:.2f}x"
@@ -135,6 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--batches", default=BATCHES, help="messages per rstream send_batch, comma-separated")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="best of this many interleaved rounds")
     ap.add_argument("--memory", action="store_true", help="also measure the reader's peak RSS (slow)")
     ap.add_argument("--memory-sizes", default="1000000,10000000", help="comma-separated message counts")
     ap.add_argument("--rss-child", nargs=2, metavar=("STREAM", "COUNT"), help=argparse.SUPPRESS)
@@ -145,7 +151,7 @@ def main() -> None:
     conn = connection()
     spark = spark_session("rmqs-bench-spark-read")
     try:
-        summary = [_one_size(conn, spark, args.messages, b) for b in sizes(args.batches)]
+        summary = [_one_size(conn, spark, args.messages, b, args.rounds) for b in sizes(args.batches)]
     finally:
         spark.stop()
     for line in summary:
