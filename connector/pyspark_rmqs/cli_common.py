@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 
 from pyspark_rmqs.redact import redact_text, redacted_errors, secrets_in
+from pyspark_rmqs.target import Target
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # a broker, stream, argument or confirmation error (click's usage errors are 2)
@@ -30,6 +31,20 @@ EXIT_LAG = 3  # `rmqs lag --max-lag N`: the total lag is above N
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+# ------------------------------------------------------------------ flags of several commands
+
+StreamOpt = Annotated[str | None, typer.Option("--stream", help="A stream.")]
+SuperOpt = Annotated[str | None, typer.Option("--superstream", help="A super stream (all its partitions).")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON on stdout (shapes in docs/cli.md) instead of a table.")
+]
+ConsumerOpt = Annotated[
+    str, typer.Option("--consumer", help="The consumer name whose stored offset is the watermark.")
+]
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="Do it without asking (needed when stdin is not a terminal).")
+]
 
 # --------------------------------------------------------------------------- connection flags
 
@@ -225,11 +240,14 @@ class guarded:
 # ------------------------------------------------------------------------------------ helpers
 
 
-def target(stream: str | None, superstream: str | None) -> dict[str, str]:
-    """`{"stream": s}` or `{"superstream": s}`; exactly one must be given."""
-    if (stream is None) == (superstream is None):
-        fail("give exactly one of --stream or --superstream")
-    return {"superstream": str(superstream)} if superstream is not None else {"stream": str(stream)}
+def target(stream: str | None, superstream: str | None) -> Target:
+    """The --stream / --superstream pair as one `Target`; exactly one must be given (else exit 1)."""
+    return Target.of(stream, superstream, labels=("--stream", "--superstream"))
+
+
+def show_watermark(v: int | None) -> str:
+    """A watermark in a table: the offset, or '-' when none is stored."""
+    return "-" if v is None else str(v)
 
 
 def print_json(data: Any) -> None:

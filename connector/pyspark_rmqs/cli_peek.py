@@ -1,5 +1,7 @@
 """`rmqs peek`: show a few messages of a stream or of each partition of a super stream.
 
+The command (`peek_command`, registered by cli.py) prints what `peek` returns as data.
+
 Reads with the connector's own `RangeReader` (via `read_range`), so what peek shows is what Spark
 and the Arrow operators read: stream, offset, chunk timestamp, AMQP properties, application
 properties and the body (UTF-8 text when it decodes, else hex).
@@ -11,9 +13,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from pyspark_rmqs.cli_common import (
+    ConnectionFlags,
+    JsonOpt,
+    StreamOpt,
+    SuperOpt,
+    connected,
+    console,
+    err,
+    print_json,
+    target,
+)
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.target import Target
 
 FROM_FORMS = "earliest, latest (the last N messages), an offset (e.g. 1200) or an ISO-8601 datetime"
 
@@ -38,21 +54,52 @@ class Peeked:
         }
 
 
-def peek(
-    conn: Any,
-    start: str,
-    count: int,
+@connected
+def peek_command(
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="earliest, latest (the last N messages), an offset or an ISO-8601 datetime (UTC if no zone)"
+            ".",
+        ),
+    ] = "earliest",
+    count: Annotated[
+        int, typer.Option("--count", "-n", min=1, max=10_000, help="At most N messages per partition stream.")
+    ] = 10,
+    as_json: JsonOpt = False,
     *,
-    stream: str | None = None,
-    superstream: str | None = None,
-    timeout_s: float = 30.0,
-) -> Peeked:
+    conn: ConnectionFlags,
+) -> None:
+    """Show messages: stream, offset, chunk timestamp, properties, application properties, body."""
+    result = peek(conn.connect(), target(stream, superstream), start, count)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        for m in result.messages:
+            console.print(
+                f"[bold]{m['stream']}[/] offset [bold]{m['offset']}[/]  chunk {m['chunk_timestamp']}"
+            )
+            if m["properties"]:
+                console.print("  properties: " + ", ".join(f"{k}={v}" for k, v in m["properties"].items()))
+            if m["application_properties"]:
+                shown = ", ".join(f"{k}={v}" for k, v in m["application_properties"].items())
+                console.print(f"  application properties: {shown}")
+            label = "body" if m["body_encoding"] == "utf-8" else "body (hex)"
+            console.print(f"  {label}: {m['body']}", markup=False, highlight=False)
+    for note in result.notes:
+        err.print(f"rmqs: {note}", markup=False, highlight=False)
+
+
+def peek(conn: Any, t: Target, start: str, count: int, *, timeout_s: float = 30.0) -> Peeked:
     """Up to `count` messages per partition stream from `start` (never past the tail: no waiting)."""
     from pyspark_rmqs import jobs
     from pyspark_rmqs.cli_watermark import parse_datetime
     from pyspark_rmqs.watermarks import watermarks
 
-    w = watermarks(conn, "", stream=stream, superstream=superstream)
+    w = watermarks(conn, "", **t.kw())
     value = start.strip()
     starts: dict[str, int]
     notes: list[str] = []
@@ -72,9 +119,7 @@ def peek(
         when = parse_datetime(value)
         if when is None:
             raise ConfigurationError(f"--from must be {FROM_FORMS}; got {start!r}")
-        plan = jobs.plan_read(
-            conn, stream=stream, superstream=superstream, start=when, persist=False, fail_on_data_loss=False
-        )
+        plan = jobs.plan_read(conn, **t.kw(), start=when, persist=False, fail_on_data_loss=False)
         starts = dict(plan.start)
     out = Peeked(w.target, w.superstream, start, count, notes=notes)
     for p in w.partitions:

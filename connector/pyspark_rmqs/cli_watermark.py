@@ -1,4 +1,4 @@
-"""`rmqs watermark show|set`: look at and move a consumer's watermark, plan first, then apply.
+"""`rmqs lag`, `rmqs watermark show|set`: look at and move a consumer's watermark; plan, then apply.
 
 A move is computed completely before anything is stored (`plan_move`), so `--dry-run` shows
 exactly what `set` would do. Where the next run starts comes from the readers' own resolver
@@ -14,9 +14,29 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+from rich.table import Table
+
+from pyspark_rmqs.cli_common import (
+    EXIT_LAG,
+    ConnectionFlags,
+    ConsumerOpt,
+    JsonOpt,
+    StreamOpt,
+    SuperOpt,
+    YesOpt,
+    confirm,
+    connected,
+    console,
+    err,
+    print_json,
+    show_watermark,
+    target,
+)
 from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
+from pyspark_rmqs.target import Target
 
 TO_FORMS = (
     "earliest, latest, an offset (e.g. 1200), an ISO-8601 datetime or offsets JSON like "
@@ -139,16 +159,14 @@ def parse_datetime(text: str) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def plan_move(
-    conn: Any, consumer: str, to: str, *, stream: str | None = None, superstream: str | None = None
-) -> Move:
+def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
     """Everything `watermark set` would change, computed from the broker now; stores nothing."""
     from pyspark_rmqs import jobs
     from pyspark_rmqs import offsets as off
     from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
 
     plan_names(consumer)  # fails early on a name too long for the plan's companion names
-    w = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    w = watermarks(conn, consumer, **t.kw())
     parts = {p.stream: p for p in w.partitions}
     position, moved = parse_to(to, list(parts))
     notes: dict[str, str] = {}
@@ -169,8 +187,7 @@ def plan_move(
         position = clamped
     plan = jobs.plan_read(
         conn,
-        stream=stream,
-        superstream=superstream,
+        **t.kw(),
         consumer=consumer,
         start=position,
         end="latest",
@@ -233,14 +250,12 @@ def apply_move(conn: Any, move: Move) -> None:
     run_sync(store(), 120, "set watermark")
 
 
-def show(
-    conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
-) -> dict[str, Any]:
+def show(conn: Any, consumer: str, t: Target) -> dict[str, Any]:
     """`watermark show` as data: per partition the watermark, lag and any pending plan."""
     from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
 
     plan_names(consumer)
-    w = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    w = watermarks(conn, consumer, **t.kw())
     pending = pending_plan(conn, w)
     return {
         "target": w.target,
@@ -260,3 +275,159 @@ def show(
             for p in w.partitions
         ],
     }
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+@connected
+def lag_command(
+    consumer: ConsumerOpt,
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    max_lag: Annotated[
+        int | None,
+        typer.Option(
+            "--max-lag",
+            min=0,
+            help=f"Exit {EXIT_LAG} when the total lag is above N, 0 at or below it (cron, monitoring).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Per partition: first offset, tail, watermark (stored offset) and lag of a consumer."""
+    from pyspark_rmqs.watermarks import watermarks
+
+    w = watermarks(conn.connect(), consumer, **target(stream, superstream).kw())
+    over = max_lag is not None and w.total_lag > max_lag
+    if as_json:
+        print_json({**w.to_dict(), "max_lag": max_lag, "over_max_lag": over})
+    else:
+        table = Table(title=f"lag of '{consumer}' on {w.target}")
+        for col in ("partition", "first", "tail", "watermark", "lag"):
+            table.add_column(col, justify="left" if col == "partition" else "right")
+        for p in w.partitions:
+            table.add_row(p.stream, str(p.first), str(p.tail), show_watermark(p.stored), str(p.lag))
+        table.add_row("total", "", "", "", str(w.total_lag))
+        console.print(table)
+    if over:
+        err.print(f"rmqs: total lag {w.total_lag} of '{consumer}' on {w.target} is above --max-lag {max_lag}")
+        raise typer.Exit(EXIT_LAG)
+
+
+@connected
+def show_command(
+    consumer: ConsumerOpt,
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Per partition: the watermark, where the next run starts, lag, and any pending run plan."""
+    data = show(conn.connect(), consumer, target(stream, superstream))
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=f"watermark of '{consumer}' on {data['target']}")
+    for col in ("partition", "first", "tail", "watermark", "next", "lag", "pending plan"):
+        table.add_column(col, justify="left" if col in ("partition", "pending plan") else "right")
+    for p in data["partitions"]:
+        plan = p["pending_plan"]
+        table.add_row(
+            p["stream"],
+            str(p["first"]),
+            str(p["tail"]),
+            show_watermark(p["watermark"]),
+            str(p["next_offset"]),
+            str(p["lag"]),
+            f"[{plan['start']}, {plan['end']})" if plan else "-",
+        )
+    table.add_row("total", "", "", "", "", str(data["total_lag"]), "")
+    console.print(table)
+    if any(p["pending_plan"] for p in data["partitions"]):
+        console.print("A pending plan is a run that planned but did not finish: its retry reads exactly it.")
+
+
+@connected
+def set_command(
+    consumer: ConsumerOpt,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="Where the next run starts: earliest, latest, an offset, an ISO-8601 datetime "
+            '(UTC if no zone) or offsets JSON like {"orders-0": 1200} (only the partitions named).',
+        ),
+    ],
+    stream: StreamOpt = None,
+    superstream: SuperOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the current and new watermark per partition; change nothing."),
+    ] = False,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+    *,
+    conn: ConnectionFlags,
+) -> None:
+    """Move a consumer's watermark (backwards too, shown as such); the watermark is start - 1."""
+    c = conn.connect()
+    move = plan_move(c, consumer, to, target(stream, superstream))
+    changed = move.changed
+    if not as_json:
+        _print_move(move, dry_run)
+    if dry_run or not changed:
+        if as_json:
+            print_json(move.to_dict(dry_run=dry_run, applied=False))
+        elif dry_run:
+            console.print("dry run: nothing was changed")
+        else:
+            console.print("nothing to change")
+        return
+    back = f" ({len(move.backwards)} partition(s) BACKWARDS: their messages will be read again)"
+    confirm(
+        f"Move the watermark of '{consumer}' on {len(changed)} partition(s) of {move.target}"
+        f"{back if move.backwards else ''}?",
+        yes,
+    )
+    apply_move(c, move)
+    if as_json:
+        print_json(move.to_dict(dry_run=False, applied=True))
+    else:
+        console.print(f"watermark of '{consumer}' moved on {len(changed)} partition(s) of {move.target}")
+
+
+def _print_move(move: Any, dry_run: bool) -> None:
+    title = f"{'dry run: ' if dry_run else ''}watermark of '{move.consumer}' on {move.target} -> {move.to}"
+    table = Table(title=title)
+    for col in ("partition", "watermark", "new", "change", "lag", "lag after"):
+        table.add_column(col, justify="left" if col in ("partition", "change") else "right")
+    notes: list[str] = []
+    for p in move.partitions:
+        change = p.change.upper() if p.change == "backward" else p.change
+        table.add_row(
+            p.stream,
+            show_watermark(p.current),
+            show_watermark(p.new),
+            change,
+            str(p.lag_before),
+            str(p.lag_after),
+        )
+        if p.note:
+            notes.append(f"{p.stream}: {p.note}")
+        if p.pending_plan and p.change != "unchanged":
+            start, end = p.pending_plan
+            notes.append(
+                f"{p.stream}: pending plan [{start}, {end}) dropped (a failed run will not retry it)"
+            )
+        if p.change == "backward":
+            notes.append(f"{p.stream}: BACKWARD by {p.current - p.new}: those messages will be read again")
+    before = sum(p.lag_before for p in move.partitions)
+    after = sum(p.lag_after for p in move.partitions)
+    table.add_row("total", "", "", "", str(before), str(after))
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
