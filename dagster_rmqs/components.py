@@ -1,6 +1,6 @@
 """`RabbitMQStreamComponent`: a stream asset, its new-data sensor and its lag check from YAML.
 
-    # defs/orders/defs.yaml
+    # src/<project>/defs/orders/defs.yaml
     type: dagster_rmqs.RabbitMQStreamComponent
     attributes:
       name: orders
@@ -10,13 +10,19 @@
       sensor: {min_messages: 1}
       lag_check: {max_lag: 100000}
       connection: {uris_env: RMQS_URI}
+      asset_attributes:
+        group_name: rabbitmq
+        automation_condition: "{{ dg.AutomationCondition.on_cron('0 * * * *') }}"
 
 Everything maps onto the Python factories (`build_stream_asset`, `build_new_data_sensor`,
-`build_lag_check`), so YAML and Python assets behave alike. Secrets are named, never written:
+`build_lag_check`), so YAML and Python assets behave alike. `asset_attributes` is Dagster's own
+model of asset attributes (the one `post_processing` uses), templates included; `pool` is the
+concurrency pool (default `rmqs-<consumer_name>`). Secrets are named, never written:
 `password_env` / `uris_env` become `EnvVar`s, read when a run connects.
 """
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from dagster import (
     DefaultSensorStatus,
@@ -26,6 +32,7 @@ from dagster import (
     TimeWindowPartitionsDefinition,
 )
 from dagster.components import Component, ComponentLoadContext, Model, Resolvable
+from dagster.components.resolved.core_models import ResolvedAssetAttributes
 
 from dagster_rmqs.assets import build_stream_asset
 from dagster_rmqs.checks import build_lag_check
@@ -78,6 +85,24 @@ class LagCheckModel(Model):
     blocking: bool = True
 
 
+# The Dagster asset attributes (`asset_attributes`) the stream asset takes; all go to
+# `build_stream_asset` except `metadata`, merged into the asset's own.
+ASSET_ATTRIBUTES = frozenset(
+    {
+        "automation_condition",
+        "code_version",
+        "deps",
+        "description",
+        "freshness_policy",
+        "group_name",
+        "kinds",
+        "metadata",
+        "owners",
+        "tags",
+    }
+)
+
+
 class RabbitMQStreamComponent(Component, Model, Resolvable):
     """A (super) stream read into an output under the watermark protocol, declared in YAML."""
 
@@ -90,13 +115,10 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
     engine: Literal["spark", "arrow"] = "spark"
     metadata_fields: str | None = None
     key_prefix: list[str] | None = None
-    group_name: str | None = None
-    description: str | None = None
-    owners: list[str] | None = None
-    tags: dict[str, str] | None = None
-    kinds: list[str] | None = None
-    pool: str | None = None
-    code_version: str | None = None
+    # Dagster's asset attributes, resolved as in `post_processing` (templates such as
+    # "{{ dg.AutomationCondition.eager() }}" included): see ASSET_ATTRIBUTES for those accepted.
+    asset_attributes: ResolvedAssetAttributes = {}
+    pool: str | None = None  # the concurrency pool; default rmqs-<consumer_name>
     offset_ranges: str | None = None  # the name of dynamic offset-range partitions
     time_window: TimeWindowModel | None = None
     sensor: SensorModel | None = None
@@ -122,7 +144,26 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             )
         return None
 
+    def factory_attributes(self) -> tuple[dict[str, Any], Mapping[str, Any]]:
+        """`asset_attributes` as `build_stream_asset` keywords, and the metadata to merge after."""
+        given = dict(self.asset_attributes)
+        unknown = sorted(set(given) - ASSET_ATTRIBUTES)
+        if unknown:
+            raise ValueError(
+                f"asset_attributes {unknown} are not supported by RabbitMQStreamComponent (partitions: "
+                f"time_window or offset_ranges); supported: {sorted(ASSET_ATTRIBUTES)}"
+            )
+        metadata = given.pop("metadata", None) or {}
+        if given.get("kinds") is not None:
+            given["kinds"] = set(given["kinds"])
+        if given.get("owners") is not None:
+            given["owners"] = list(given["owners"])
+        if given.get("code_version") is not None:  # template rendering turns "3" into the number 3
+            given["code_version"] = str(given["code_version"])
+        return given, metadata
+
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
+        attributes, metadata = self.factory_attributes()
         stream_asset = build_stream_asset(
             self.name,
             stream=self.stream,
@@ -136,14 +177,11 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             rabbitmq_key=self.rabbitmq_key,
             spark_key=self.spark_key,
             key_prefix=self.key_prefix,
-            group_name=self.group_name,
-            description=self.description,
-            owners=self.owners,
-            tags=self.tags,
-            kinds=set(self.kinds) if self.kinds else None,
             pool=self.pool,
-            code_version=self.code_version,
+            **attributes,
         )
+        if metadata:
+            stream_asset = stream_asset.map_asset_specs(lambda spec: spec.merge_attributes(metadata=metadata))
         sensors = []
         if self.sensor is not None:
             s = self.sensor

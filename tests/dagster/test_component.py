@@ -1,15 +1,25 @@
-"""The YAML component: loaded from a defs folder in-process, validated by Dagster's CLI, materialized."""
+"""The YAML component, loaded as `dg` loads it (the `dg` CLI itself: test_dg_project.py), materialized."""
 
-import shutil
-import subprocess
-import sys
 import textwrap
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import Definitions, EnvVar, build_sensor_context, load_from_defs_folder
+from dagster import (
+    AssetKey,
+    AssetsDefinition,
+    AutomationCondition,
+    Definitions,
+    EnvVar,
+    FreshnessPolicy,
+    build_sensor_context,
+    load_from_defs_folder,
+)
+from dagster.components.testing import create_defs_folder_sandbox
 
 from dagster_rmqs import RabbitMQStreamComponent, RabbitMQStreamsResource
 from tests.conftest import StreamFactory
@@ -19,38 +29,114 @@ from tests.support.data import publish
 pytestmark = pytest.mark.dagster
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "dagster_rmqs" / "examples" / "components_project"
-EXAMPLE_MODULE = "dagster_rmqs.examples.components_project.definitions"
 
 
 def test_the_example_project_loads_its_yaml_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))  # what `pip install -e .` of the example does
     defs = load_from_defs_folder(project_root=EXAMPLE)
     Definitions.validate_loadable(defs)
     (node,) = defs.resolve_asset_graph().asset_nodes
     assert node.key.to_user_string() == "orders"
-    assert defs.resolve_assets_def("orders").op.pool == "rmqs-dagster-orders-yaml"
+    orders = defs.resolve_assets_def("orders")
+    assert orders.op.pool == "rmqs-dagster-orders-yaml"
+    spec = orders.specs_by_key[AssetKey("orders")]
+    assert spec.group_name == "rabbitmq" and spec.owners == ["team:data"] and spec.tags["domain"] == "orders"
+    assert spec.freshness_policy == FreshnessPolicy.time_window(fail_window=timedelta(hours=1))
     assert [s.name for s in defs.sensors or []] == ["orders_new_data"]
     assert len(list(defs.asset_checks or [])) == 1
     rabbitmq = (defs.resources or {})["rabbitmq"]
     assert isinstance(rabbitmq, RabbitMQStreamsResource) and isinstance(rabbitmq.password, EnvVar)
 
 
-def test_the_example_project_passes_dagsters_definition_check() -> None:
-    """What `dg check defs` runs: `dagster definitions validate` on the project's code location."""
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-m", EXAMPLE_MODULE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Validation successful" in done.stdout + done.stderr
-    dg = shutil.which("dg") or str(Path(sys.executable).parent / "dg")
-    if Path(dg).exists():  # dagster-dg-cli is not a dependency (it would pin an older dagster)
-        checked = subprocess.run(
-            [dg, "check", "defs"], cwd=EXAMPLE, capture_output=True, text=True, timeout=300
+@contextmanager
+def yaml_component(attributes: str) -> Iterator[tuple[RabbitMQStreamComponent, AssetsDefinition]]:
+    """A defs.yaml holding `attributes` (YAML text), loaded as `dg` loads it: its component and asset."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.defs_folder_path / "events"
+        path.mkdir()
+        body = textwrap.indent(textwrap.dedent(attributes).strip(), "  ")
+        (path / "defs.yaml").write_text(
+            "type: dagster_rmqs.RabbitMQStreamComponent\nattributes:\n"
+            "  name: events\n  stream: events\n  consumer_name: yaml-attrs\n  output_path: lake/events\n"
+            "  engine: arrow\n  connection: {endpoints: 'localhost:5552'}\n" + body + "\n"
         )
-        assert checked.returncode == 0, checked.stderr[-3000:]
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
+            assert isinstance(component, RabbitMQStreamComponent)
+            yield component, defs.resolve_assets_def("events")
+
+
+def test_an_automation_condition_in_yaml_is_the_assets_own() -> None:
+    with yaml_component(
+        """
+        asset_attributes:
+          automation_condition: "{{ dg.AutomationCondition.on_cron('*/10 * * * *') }}"
+        """
+    ) as (_, asset):
+        condition = asset.specs_by_key[AssetKey("events")].automation_condition
+        assert condition == AutomationCondition.on_cron("*/10 * * * *")
+
+
+def test_pool_in_yaml_is_the_assets_pool_and_defaults_to_the_consumers() -> None:
+    with yaml_component("pool: orders-db") as (_, asset):
+        assert asset.op.pool == "orders-db"
+    with yaml_component("") as (_, asset):
+        assert asset.op.pool == "rmqs-yaml-attrs"
+
+
+def test_dagsters_asset_attributes_pass_through_from_yaml() -> None:
+    with yaml_component(
+        """
+        asset_attributes:
+          code_version: "3"
+          owners: ["team:data", "ops@example.com"]
+          tags: {domain: orders, tier: 1}
+          kinds: [rabbitmq, parquet, lakehouse]
+          group_name: streams
+          description: Orders as they arrive
+          deps: [erp/customers]
+          metadata: {runbook: "https://example.com/runbook"}
+          freshness_policy: "{{ dg.FreshnessPolicy.time_window(fail_window=datetime.timedelta(hours=2)) }}"
+        """
+    ) as (_, asset):
+        spec = asset.specs_by_key[AssetKey("events")]
+        assert spec.code_version == "3"  # templates render "3" as a number; Dagster wants a string
+        assert spec.owners == ["team:data", "ops@example.com"]
+        assert spec.tags["domain"] == "orders" and spec.tags["tier"] == "1"
+        assert spec.kinds == {"rabbitmq", "parquet", "lakehouse"}
+        assert spec.group_name == "streams" and spec.description == "Orders as they arrive"
+        assert [d.asset_key for d in spec.deps] == [AssetKey(["erp", "customers"])]
+        assert spec.metadata["runbook"] == "https://example.com/runbook"
+        assert spec.metadata["rmqs/consumer_name"] == "yaml-attrs"  # the asset's own metadata stays
+        assert spec.freshness_policy == FreshnessPolicy.time_window(fail_window=timedelta(hours=2))
+
+
+def chain(error: BaseException | None) -> str:
+    """The messages of an error and of the errors it was raised from (Dagster wraps load errors)."""
+    parts = []
+    while error is not None:
+        parts.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    ["skippable: true", "partitions_def: {type: static, partition_keys: [a, b]}"],
+)
+def test_asset_attributes_the_stream_asset_cannot_take_are_refused(attributes: str) -> None:
+    with pytest.raises(Exception) as raised, yaml_component(f"asset_attributes: {{{attributes}}}"):
+        pass
+    assert "not supported by RabbitMQStreamComponent" in chain(raised.value)
+    assert attributes.split(":")[0] in chain(raised.value)
+
+
+def test_an_invalid_automation_condition_template_names_the_field() -> None:
+    with (
+        pytest.raises(Exception) as raised,
+        yaml_component("asset_attributes: {automation_condition: '{{ dg.AutomationCondition.nope() }}'}"),
+    ):
+        pass
+    assert "automation_condition" in chain(raised.value) and "nope" in chain(raised.value)
 
 
 def test_a_yaml_declared_stream_asset_sensor_and_check_run_against_the_broker(
@@ -76,7 +162,7 @@ def test_a_yaml_declared_stream_asset_sensor_and_check_run_against_the_broker(
               output_path: {out}
               engine: arrow
               rabbitmq_key: broker_a
-              code_version: v3
+              asset_attributes: {{code_version: v3}}
               sensor: {{min_messages: 10}}
               lag_check: {{max_lag: 0}}
               connection:
@@ -92,6 +178,7 @@ def test_a_yaml_declared_stream_asset_sensor_and_check_run_against_the_broker(
     assert (
         RabbitMQStreamComponent.__name__ in (project / module / "defs" / "events" / "defs.yaml").read_text()
     )
+    assert defs.resolve_assets_def("events").code_versions_by_key == {AssetKey("events"): "v3"}
     (sensor,) = defs.sensors or []
     resources = {"broker_a": (defs.resources or {})["broker_a"]}
     tick = sensor(build_sensor_context(resources=resources))

@@ -1,6 +1,6 @@
 """The project's definitions: everything under defs/ (`load_from_defs_folder`).
 
-dagster dev -m dagster_rmqs.examples.components_project.definitions
+`dg check defs` and `dg dev` load this module (`<root_module>.definitions`).
 """
 
 from pathlib import Path
@@ -10,4 +10,4 @@ from dagster import Definitions, definitions, load_from_defs_folder
 
 @definitions
 def defs() -> Definitions:
-    return load_from_defs_folder(project_root=Path(__file__).parent)
+    return load_from_defs_folder(path_within_project=Path(__file__).parent)
