@@ -8,7 +8,8 @@ address or a stopped broker at planning time is for the user to fix, not to wait
 
 Every reconnecting path waits through the one loop here, `retry_async` (on the broker loop) or
 `retry_sync` (in a caller's thread): metadata calls (`client.py`), resubscribing readers
-(`reader.py`, never past maxWaitMs), and producers starting or recovering a publisher (`writer.py`).
+(`reader.py`, never past maxWaitMs), and producers starting (`writer.py`) or recovering
+(`publisher.py`) a publisher.
 The timeouts of the synchronous waits around broker calls are named here too.
 """
 
