@@ -15,6 +15,14 @@ Shared by the Airflow operators and the Dagster assets, so both behave alike:
 3. `run_drain` does the same with a Structured Streaming query and `Trigger.AvailableNow`.
 
 pyspark is imported only inside the Spark-running functions: planning is metadata only.
+
+One module on purpose, although above ~500 lines: `plan_read`, `run_read`, `run_drain` and
+`finish_run` are the steps of one protocol, and the order in which a run plans, reads, hands the
+rows to the sink, commits its output and stores the watermark is the delivery guarantee, so a
+change to one step is checked against the others here, in one read. `consume.py` (the Spark-free
+run) reuses these steps instead of copying them. The parts that could move out without touching
+that order are the Spark session and reader-option helpers and the run metrics (`RunSummary`
+and how they are measured).
 """
 
 from __future__ import annotations
