@@ -98,9 +98,12 @@ class ReadPlan:
 class RunSummary:
     """What a run did; JSON-friendly (XCom, Dagster metadata). No connection details, no secrets.
 
-    The standard run metrics are measured where the run can measure them and None where it cannot
-    (a Spark read's fetch and decode time is spent in executors): never estimated. `rows` and
-    `bytes` are kept as the names earlier releases used for `records_read` and `bytes_read`.
+    The standard run metrics are measured where the run can measure them and None where it cannot:
+    never estimated. `fetch_ms` and `decode_ms` are the readers' own clocks (`RangeReader.fetch_s`
+    and `decode_s`); in a Spark run they are summed over its tasks (brought back by an accumulator,
+    `ReadMetrics`), so a read of several partitions in parallel can exceed the wall time, as Spark's
+    own task times do; None with Spark Connect, which has no accumulators. `rows` and `bytes` are
+    kept as the names earlier releases used for `records_read` and `bytes_read`.
     """
 
     target: str
@@ -333,10 +336,12 @@ def run_read(
             _commit_files(spark, conn, plan, sink, token, summary, extra)
         else:
             try:
-                df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
-                t_sink = time.monotonic()
-                _call_sink(sink, df, token)
-                summary.flush_ms = _ms_since(t_sink)
+                with ExecutorReadMetrics(spark) as metrics:
+                    df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+                    t_sink = time.monotonic()
+                    _call_sink(sink, df, token)
+                    summary.flush_ms = _ms_since(t_sink)
+                metrics.fill(summary)
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.BEFORE) from None
             _count(summary, _observed(obs))
@@ -408,10 +413,12 @@ def _commit_files(
         files = commits.published_files(token)  # published, then the attempt died before its record
         if files is None:
             stage = commits.begin(token)
-            df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
-            t_sink = time.monotonic()
-            sink.write_to(df, str(stage), "overwrite")
-            summary.flush_ms = _ms_since(t_sink)
+            with ExecutorReadMetrics(spark) as metrics:
+                df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+                t_sink = time.monotonic()
+                sink.write_to(df, str(stage), "overwrite")
+                summary.flush_ms = _ms_since(t_sink)
+            metrics.fill(summary)
             _count(summary, _observed(obs))
             summary.records_written = summary.rows
             summary.batches = 1
@@ -428,6 +435,59 @@ def _commit_files(
     summary.commit_ms = _ms_since(t_commit)
     summary.bytes_written = sum((commits.root / f).stat().st_size for f in files)
     summary.extra["files"] = len(files)
+
+
+class ExecutorReadMetrics:
+    """The fetch and decode time the executors' readers measure during the Spark jobs of a block.
+
+    Enter it before the DataFrame is made (the plan binds the data source then). Sets the local
+    property `spark.common.METRICS_PROPERTY` (inherited by the jobs this thread starts, a streaming
+    query's included) to a fresh accumulator of `ReadMetrics` and restores the
+    previous value on exit; `fill` copies the sums into a summary once Spark sent the tasks' results
+    back. Nothing is filled when no reader reported (Spark Connect, no accumulators; a sink that
+    never read the DataFrame; a job started from another thread). The source is registered in the
+    session first (`spark.common.register_for_metrics`): Spark passes no accumulator to a data
+    source it found by itself.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.acc: Any = None
+        self._sc: Any = None
+        self._previous: str | None = None
+
+    def __enter__(self) -> ExecutorReadMetrics:
+        from pyspark_rmqs.spark.common import METRICS_PROPERTY, ReadMetrics, register_for_metrics
+
+        try:
+            sc = self.spark.sparkContext
+        except Exception:  # Spark Connect: no SparkContext, no accumulators
+            return self
+        try:
+            register_for_metrics(self.spark)
+        except Exception:  # the read still works, through the source Spark found itself
+            log.debug("registering rabbitmq_streams for run metrics failed", exc_info=True)
+            return self
+        self._sc, self.acc = sc, sc.accumulator({}, ReadMetrics())
+        self._previous = sc.getLocalProperty(METRICS_PROPERTY)
+        sc.setLocalProperty(METRICS_PROPERTY, str(self.acc.aid))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from pyspark_rmqs.spark.common import METRICS_PROPERTY
+
+        if self._sc is not None:
+            self._sc.setLocalProperty(METRICS_PROPERTY, self._previous)  # None removes it
+
+    @property
+    def values(self) -> dict[str, float]:
+        return dict(self.acc.value) if self.acc is not None else {}
+
+    def fill(self, summary: RunSummary) -> None:
+        v = self.values
+        if v.get("readers"):
+            summary.fetch_ms = round(v.get("fetch_ms", 0.0), 3)
+            summary.decode_ms = round(v.get("decode_ms", 0.0), 3)
 
 
 def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:
@@ -502,17 +562,19 @@ def run_drain(
         }
     )
     before = watermarks(conn, consumer, stream=stream, superstream=superstream)
-    q = (
-        spark.readStream.format("rabbitmq_streams")
-        .options(**opts)
-        .load()
-        .writeStream.format(output_format)
-        .options(**dict(output_options or {}))
-        .option("path", output_path)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    # The query's thread inherits this thread's local properties when it starts: its tasks report.
+    with ExecutorReadMetrics(spark) as metrics:
+        q = (
+            spark.readStream.format("rabbitmq_streams")
+            .options(**opts)
+            .load()
+            .writeStream.format(output_format)
+            .options(**dict(output_options or {}))
+            .option("path", output_path)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
     if not q.awaitTermination(int(timeout_s)):
         q.stop()
         raise TimeoutError(
@@ -529,10 +591,12 @@ def run_drain(
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
     last = _never_backwards(conn, consumer, last, stream=stream, superstream=superstream)
+    t_store = time.monotonic()
     if last:
         store_watermarks(conn, consumer, last)
+    store_ms = _ms_since(t_store)
     after = watermarks(conn, consumer, stream=stream, superstream=superstream)
-    return RunSummary(
+    summary = RunSummary(
         str(superstream or stream),
         start,
         end,
@@ -541,8 +605,19 @@ def run_drain(
         seconds=round(time.monotonic() - t0, 3),
         lag_after=after.total_lag,
         watermark_stored=bool(last),
-        extra={"batches": len(progress)},
+        delivery="exactly_once",  # Spark's file sink commits each micro-batch with the checkpoint
+        batches=len(progress),
+        # Spark's own clocks for the checkpoint's offset and commit logs, then the final store.
+        commit_ms=round(sum(_spark_commit_ms(p) for p in progress) + store_ms, 3),
     )
+    metrics.fill(summary)
+    return summary
+
+
+def _spark_commit_ms(progress: Any) -> float:
+    """A micro-batch's offset-log and commit-log writes, as Spark measured them (`durationMs`)."""
+    durations = progress.get("durationMs") or {}
+    return float(durations.get("walCommit", 0)) + float(durations.get("commitOffsets", 0))
 
 
 def _never_backwards(

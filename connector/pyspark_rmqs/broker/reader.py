@@ -11,6 +11,11 @@ resubscribes at the next offset to emit, waiting for the broker as `recovery.py`
 emitted are never emitted again. A range whose last offsets are not
 user messages (offset-tracking entries) ends as soon as the stream's tail shows nothing is missing.
 
+Time is measured where it is spent, per chunk and per batch (never per message): `decode_s` is the
+time turning chunks into Arrow (walking them, the post filter, building each batch), `fetch_s` the
+rest of the reader's own time (subscribing, waiting for and receiving chunks, credits, gap and tail
+checks). Time the caller spends between two batches is in neither.
+
 Data loss is checked where it happens: after every (re)subscription and between chunks, a gap in
 the offsets the broker delivers (retention removed them, or the stream was deleted) is reported
 through `planning.report_data_loss` with the stream, the missing offsets and `failOnDataLoss`; with
@@ -268,8 +273,28 @@ class RangeReader:
         self.lost: list[tuple[int, int]] = []  # ranges lost to retention or deletion (failOnDataLoss=false)
         self.subscriptions = 0  # (re)subscriptions made: 1 for a read no broker restart interrupted
         self.unfiltered_from: int | None = None  # where a filtered read went on unfiltered, if it did
+        self.decode_s = 0.0  # turning chunks into Arrow batches (measured per chunk and per batch)
+        self._busy_s = 0.0  # all the time spent inside the iterator (fetch_s is this minus decode_s)
+
+    @property
+    def fetch_s(self) -> float:
+        """Seconds spent subscribing, waiting for and receiving chunks: the reader's time not decoding."""
+        return max(0.0, self._busy_s - self.decode_s)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        """The batches, timing the reader's own work (not the caller's between two batches)."""
+        batches = self._batches()
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(batches, None)
+            finally:
+                self._busy_s += time.perf_counter() - t
+            if batch is None:
+                return
+            yield batch
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
         if self.start >= self.end:
             return
         builder = BatchBuilder(self.stream, self.s.metadata_fields, self.s.strict)
@@ -312,9 +337,19 @@ class RangeReader:
                 run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 raise
             run_sync(self._close(client, bridge, reuse=True), CLOSE_TIMEOUT_S)
-        batch = builder.flush()
+        batch = self._flush(builder)
         if batch is not None:
             yield batch
+
+    def _flush(self, builder: BatchBuilder) -> pa.RecordBatch | None:
+        t = time.perf_counter()
+        try:
+            batch = builder.flush()
+        finally:
+            self.decode_s += time.perf_counter() - t
+        if batch is not None:
+            self.rows += batch.num_rows
+        return batch
 
     def _drain(self, bridge: _Bridge, builder: BatchBuilder, deadline: float) -> Iterator[pa.RecordBatch]:
         poll_s = self.s.poll_timeout_ms / 1000
@@ -366,11 +401,14 @@ class RangeReader:
             self.chunks += 1
             # Out of the queue: credit the next chunks before walking this one, so they arrive meanwhile.
             bridge.consumed(item.num_records, len(item.data))
-            self._take(item, builder)
+            t = time.perf_counter()
+            try:
+                self._take(item, builder)
+            finally:
+                self.decode_s += time.perf_counter() - t
             if builder.rows >= self.s.batch_rows:
-                batch = builder.flush()
+                batch = self._flush(builder)
                 if batch is not None:
-                    self.rows += batch.num_rows
                     yield batch
 
     def _gap(self, gap: _Gap) -> None:

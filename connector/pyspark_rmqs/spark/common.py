@@ -1,17 +1,34 @@
-"""What batch and streaming reads share: the input partition and the executor-side read."""
+"""What batch and streaming reads share: the input partition and the executor-side read.
+
+The executor-side read reports the time its `RangeReader` measured (fetching chunks, decoding them
+into Arrow) to the driver when the job that runs it asked for it: the driver sets the Spark local
+property `METRICS_PROPERTY` to the id of an accumulator of `ReadMetrics` (`jobs.run_read` and
+`jobs.run_drain` do), Spark hands local properties to every task, and each task adds its numbers to
+that accumulator; Spark sends them back with the task's result. No property, nothing is reported.
+
+Spark drops the accumulator updates of a data source it found by itself (the `pyspark_*` module
+scan): its function carries no accumulator. `register_for_metrics` registers the source in the
+session once, through `spark.dataSource.register`, whose function carries the SparkContext's; Spark
+logs once that it "replaced a statically registered data source" (the same class).
+"""
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 from pyspark.sql.datasource import InputPartition
 
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.offsets import OffsetRange
 from pyspark_rmqs.options import SourceOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,8 +83,64 @@ def _post_filter(path: str) -> Callable[[Any], bool]:
     return matches
 
 
+# A Spark local property: the id of the accumulator (of `ReadMetrics`) the tasks of a job add to.
+METRICS_PROPERTY = "pyspark_rmqs.read.metricsAccumulator"
+
+
+class ReadMetrics(AccumulatorParam[dict[str, float]]):
+    """Sums what the tasks' readers measured: `fetch_ms`, `decode_ms`, `chunks`, `readers`."""
+
+    def zero(self, value: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    def addInPlace(self, value1: dict[str, float], value2: dict[str, float]) -> dict[str, float]:
+        for k, v in value2.items():
+            value1[k] = value1.get(k, 0) + v
+        return value1
+
+
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_for_metrics(spark: Any) -> None:
+    """Register `rabbitmq_streams` in `spark` (once per session): its tasks' accumulators reach the driver."""
+    if spark in _REGISTERED:
+        return
+    from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
+
+    spark.dataSource.register(RabbitMQStreamsDataSource)
+    _REGISTERED.add(spark)
+
+
 def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[pa.RecordBatch]:
     """Executor side: Arrow batches of exactly [start, end) of one stream."""
-    yield from RangeReader(
+    reader = RangeReader(
         opts.connection, partition.stream, partition.start, partition.end, read_settings(opts)
+    )
+    try:
+        yield from reader
+    finally:
+        try:
+            _report(reader)
+        except Exception:  # metrics never fail a read (nor hide why it failed)
+            log.debug("reporting the read's metrics failed", exc_info=True)
+
+
+def _report(reader: RangeReader) -> None:
+    """Add the reader's measured times to the job's metrics accumulator, if the job set one."""
+    from pyspark import TaskContext
+    from pyspark.accumulators import _deserialize_accumulator
+
+    tc = TaskContext.get()
+    aid = tc.getLocalProperty(METRICS_PROPERTY) if tc is not None else None
+    if not aid:
+        return
+    acc = _deserialize_accumulator(int(aid), {}, ReadMetrics())
+    acc.add(
+        {
+            "fetch_ms": reader.fetch_s * 1000,
+            "decode_ms": reader.decode_s * 1000,
+            "chunks": reader.chunks,
+            "readers": 1,
+        }
     )
