@@ -5,12 +5,13 @@ key back from there, so they need nothing else and always agree with the asset.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import AssetsDefinition, AssetSpec
 
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.target import Target
 
 META_STREAM = "rmqs/stream"
 META_SUPERSTREAM = "rmqs/superstream"
@@ -23,16 +24,24 @@ DEFAULT_SPARK_KEY = "spark"
 
 @dataclass(frozen=True)
 class StreamTarget:
-    """What a stream asset or spec reads: a stream or a super stream, and the watermark's consumer."""
+    """What a stream asset or spec reads: a stream or a super stream, and the watermark's consumer.
+
+    `stream` / `superstream` are the pair users type; `target` is the core `Target` they name, made
+    (with its "exactly one of" check) when the StreamTarget is.
+    """
 
     stream: str | None
     superstream: str | None
     consumer_name: str | None
     rabbitmq_key: str = DEFAULT_RABBITMQ_KEY
+    target: Target = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target", Target.of(self.stream, self.superstream))
 
     @property
     def name(self) -> str:
-        return str(self.superstream or self.stream)
+        return self.target.name
 
     @property
     def kw(self) -> dict[str, str | None]:
@@ -44,7 +53,7 @@ class StreamTarget:
         return self.consumer_name
 
     def metadata(self) -> dict[str, str]:
-        meta = {META_SUPERSTREAM if self.superstream else META_STREAM: self.name}
+        meta = {META_SUPERSTREAM if self.target.is_super else META_STREAM: self.name}
         if self.consumer_name:
             meta[META_CONSUMER] = self.consumer_name
         meta[META_RESOURCE_KEY] = self.rabbitmq_key
@@ -57,11 +66,10 @@ def make_target(
     consumer_name: str | None,
     rabbitmq_key: str = DEFAULT_RABBITMQ_KEY,
 ) -> StreamTarget:
-    if (stream is None) == (superstream is None):
-        raise ConfigurationError("give exactly one of 'stream' or 'superstream'")
+    target = StreamTarget(stream, superstream, consumer_name, rabbitmq_key)
     if not rabbitmq_key.isidentifier():
         raise ConfigurationError(f"rabbitmq_key must be a Python identifier; got {rabbitmq_key!r}")
-    return StreamTarget(stream, superstream, consumer_name, rabbitmq_key)
+    return target
 
 
 def stream_target(asset_or_spec: AssetsDefinition | AssetSpec) -> StreamTarget:
@@ -105,6 +113,6 @@ def stream_asset_spec(
         key,
         metadata=target.metadata(),
         group_name=group_name,
-        description=description or f"RabbitMQ {'super ' if superstream else ''}stream '{target.name}'",
+        description=description or f"RabbitMQ {target.target.describe()}",
         kinds={"rabbitmq"},
     )

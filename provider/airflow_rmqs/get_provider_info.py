@@ -64,7 +64,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["airflow_rmqs.hooks"]}],
-        "operators": [{"integration-name": INTEGRATION, "python-modules": ["airflow_rmqs.operators"]}],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_rmqs.operators", "airflow_rmqs.plain_operators"],
+            }
+        ],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": ["airflow_rmqs.sensors"]}],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": ["airflow_rmqs.triggers"]}],
         "connection-types": [

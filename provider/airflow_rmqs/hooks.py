@@ -1,21 +1,28 @@
 """`RabbitMQStreamHook`: an Airflow connection -> rmqs connection options, plus watermark calls.
 
-The watermark calls are metadata over the stream protocol (`pyspark_rmqs.watermarks`): no message
-is consumed. pyspark is never imported and pyarrow only by `read_batches`, so triggers and sensors
-can use the hook in the triggerer. Tasks without Spark also get stream management (`create_stream`,
-`delete_stream`, `create_super_stream`, `delete_super_stream`), `publish` and `read_batches`.
+The watermark calls (`watermarks`, `tails`, `stored_offsets`, `lag`, `lags`, `store_watermarks`,
+and `a...` twins for the triggerer) are metadata over the stream protocol
+(`pyspark_rmqs.watermarks`): no message is consumed. pyspark is never imported and pyarrow only by
+`read_batches`, so triggers and sensors can use the hook in the triggerer. Tasks without Spark also
+get stream management (`create_stream`, `delete_stream`, `create_super_stream`,
+`delete_super_stream`), `publish` and `read_batches`. Dagster's `RabbitMQStreamsResource` has the
+same calls with the same signatures and results. The former names `tail`, `stored`, `store` (and
+`atail`, `astored`, `astore`) and the keyword `consumer=` still work, with a DeprecationWarning.
 The password lives in a `SecretStr` inside `ConnectionOptions`; only `spark_options()` reveals
 it, for handing to Spark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from pyspark_rmqs.broker.client import AsyncBrokerClient, BrokerClient
+from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.errors import ConfigurationError, RmqsError
 from pyspark_rmqs.options import (
     CONNECTION_OPTIONS,
@@ -34,6 +41,7 @@ CONN_TYPE = "rabbitmq_stream"
 _PREFIX = f"extra__{CONN_TYPE}__"
 # Extra keys users may type: the option names (`tls.caFile`) or their snake_case fields (`tls_ca_file`).
 _EXTRA_KEYS = {**{o.lower(): o for o in CONNECTION_OPTIONS.values()}, **dict(CONNECTION_OPTIONS)}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _is_true(value: Any) -> bool:
@@ -74,10 +82,47 @@ def connection_to_options(conn: Any, extra: Mapping[str, Any] | None = None) -> 
     return opts
 
 
-def check_target(stream: str | None, superstream: str | None) -> None:
-    """Fail at DAG parse time unless exactly one of `stream` / `superstream` is given."""
-    if (stream is None) == (superstream is None):
-        raise ValueError("give exactly one of 'stream' or 'superstream'")
+def _renamed_consumer(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if "consumer" in kwargs:
+        warnings.warn(
+            "RabbitMQStreamHook: the keyword 'consumer' is deprecated, use 'consumer_name'",
+            DeprecationWarning,
+            stacklevel=3,  # the caller of the hook method
+        )
+        kwargs["consumer_name"] = kwargs.pop("consumer")
+    return kwargs
+
+
+def _consumer_keyword(fn: F) -> F:
+    """Let a hook method still take its former keyword `consumer=` (now `consumer_name=`, as everywhere)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await fn(self, *args, **_renamed_consumer(kwargs))
+
+        return acall  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, *args, **_renamed_consumer(kwargs))
+
+    return call  # type: ignore[return-value]
+
+
+def _deprecated_alias(old: str, new: str) -> Any:
+    """A former hook method name: warns, then calls `new` (the resource's name for the same call)."""
+
+    def alias(self: Any, *args: Any, **kwargs: Any) -> Any:
+        warnings.warn(
+            f"RabbitMQStreamHook.{old}() is deprecated, use {new}()", DeprecationWarning, stacklevel=2
+        )
+        return getattr(self, new)(*args, **_renamed_consumer(kwargs))
+
+    alias.__name__ = alias.__qualname__ = old
+    alias.__doc__ = f"Deprecated: use `{new}` (same arguments and result)."
+    alias.deprecated_for = new  # type: ignore[attr-defined]
+    return alias
 
 
 def secret_values(options: ConnectionOptions) -> list[str]:
@@ -103,7 +148,7 @@ async def _amask(secrets: list[str]) -> None:
 
 
 class RabbitMQStreamHook(BaseHook):
-    """Connection options and watermarks (tail, stored offsets, lag) of a stream or super stream.
+    """Connection options, watermarks (tails, stored offsets, lag), stream management, publish and read.
 
     :param rabbitmq_stream_conn_id: Airflow connection of type `rabbitmq_stream`.
     """
@@ -139,9 +184,13 @@ class RabbitMQStreamHook(BaseHook):
             self._options = parse_connection_options(raw)
         return self._options
 
-    def spark_options(self) -> dict[str, str]:
-        """Connection options for `spark.read/write.options(...)`: holds the password, never log it."""
-        return self.get_conn().to_options()
+    def spark_options(
+        self, *, stream: str | None = None, superstream: str | None = None, **extra: str
+    ) -> dict[str, str]:
+        """`spark.read/write.format("rabbitmq_streams")` options: the connection, the stream or super
+        stream if given, and `extra`. They hold the password: never log them."""
+        target = {"stream": stream, "superstream": superstream}
+        return {**self.get_conn().to_options(), **{k: v for k, v in target.items() if v is not None}, **extra}
 
     def test_connection(self) -> tuple[bool, str]:
         """Connect and authenticate; the message names the broker version or the error (no secrets)."""
@@ -154,33 +203,86 @@ class RabbitMQStreamHook(BaseHook):
         return True, f"Connected to RabbitMQ {version}"
 
     # ------------------------------------------------------------------ watermarks (sync)
+    # The same names, signatures and return shapes as `dagster_rmqs.RabbitMQStreamsResource`
+    # (tests/airflow/test_hook_resource_parity.py); each is one call into the connector.
 
+    @_consumer_keyword
     def watermarks(
-        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
     ) -> Watermarks:
-        """First offset, tail, stored watermark and lag of `consumer` per partition stream."""
-        return watermarks(self.get_conn(), consumer, stream=stream, superstream=superstream)
+        """First offset, tail, stored watermark and lag of `consumer_name` per partition stream."""
+        return watermarks(self.get_conn(), consumer_name, stream=stream, superstream=superstream)
 
-    def tail(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
+    def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
         """The next offset to be written, per partition stream."""
-        client = BrokerClient(self.get_conn())
-        names = client.partitions(superstream) if superstream is not None else [str(stream)]
-        return client.tails(names)
+        return self.watermarks("", stream=stream, superstream=superstream).tails()
 
-    def stored(
-        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    def stored_offsets(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
     ) -> dict[str, int | None]:
-        """The broker-stored offset (the watermark) of `consumer` per partition stream."""
-        w = self.watermarks(consumer, stream=stream, superstream=superstream)
+        """The broker-stored offset (the watermark) of `consumer_name` per partition stream; None if none."""
+        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
         return {p.stream: p.stored for p in w.partitions}
 
-    def lag(self, consumer: str, *, stream: str | None = None, superstream: str | None = None) -> int:
-        """Messages published after `consumer`'s watermark, summed over partition streams."""
-        return self.watermarks(consumer, stream=stream, superstream=superstream).total_lag
+    @_consumer_keyword
+    def lag(self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None) -> int:
+        """Messages published after `consumer_name`'s watermark, summed over partition streams."""
+        return self.watermarks(consumer_name, stream=stream, superstream=superstream).total_lag
 
-    def store(self, consumer: str, last_offsets: Mapping[str, int]) -> None:
-        """Store `consumer`'s watermarks (last processed offset per stream): only after a sink succeeded."""
-        store_watermarks(self.get_conn(), consumer, last_offsets)
+    def lags(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int]:
+        """Messages published after `consumer_name`'s watermark, per partition stream."""
+        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
+        return {p.stream: p.lag for p in w.partitions}
+
+    def store_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
+        """Store the watermarks (last processed offset per stream): only after a sink succeeded."""
+        store_watermarks(self.get_conn(), consumer_name, last_offsets)
+
+    # ------------------------------------------------------------------ watermarks (async)
+
+    @_consumer_keyword
+    async def awatermarks(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> Watermarks:
+        """`watermarks` for the triggerer's event loop."""
+        return await awatermarks(
+            await self.aget_conn(), consumer_name, stream=stream, superstream=superstream
+        )
+
+    async def atails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
+        return (await self.awatermarks("", stream=stream, superstream=superstream)).tails()
+
+    async def astored_offsets(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int | None]:
+        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
+        return {p.stream: p.stored for p in w.partitions}
+
+    @_consumer_keyword
+    async def alag(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> int:
+        return (await self.awatermarks(consumer_name, stream=stream, superstream=superstream)).total_lag
+
+    async def alags(
+        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+    ) -> dict[str, int]:
+        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
+        return {p.stream: p.lag for p in w.partitions}
+
+    async def astore_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
+        await astore_watermarks(await self.aget_conn(), consumer_name, last_offsets)
+
+    # ------------------------------------------------------------------ former names (deprecated)
+
+    tail = _deprecated_alias("tail", "tails")
+    stored = _deprecated_alias("stored", "stored_offsets")
+    store = _deprecated_alias("store", "store_watermarks")
+    atail = _deprecated_alias("atail", "atails")
+    astored = _deprecated_alias("astored", "astored_offsets")
+    astore = _deprecated_alias("astore", "astore_watermarks")
 
     # ------------------------------------------------------------------ streams and messages (sync)
 
@@ -246,30 +348,3 @@ class RabbitMQStreamHook(BaseHook):
             fail_on_data_loss=fail_on_data_loss,
         )
         yield from RangeReader(self.get_conn(), stream, start, end, settings)
-
-    # ------------------------------------------------------------------ watermarks (async)
-
-    async def awatermarks(
-        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> Watermarks:
-        return await awatermarks(await self.aget_conn(), consumer, stream=stream, superstream=superstream)
-
-    async def atail(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-        import asyncio
-
-        client = AsyncBrokerClient(await self.aget_conn())
-        names = await client.partitions(superstream) if superstream is not None else [str(stream)]
-        tails = await asyncio.gather(*(client.tail(s) for s in names))
-        return dict(zip(names, tails, strict=True))
-
-    async def astored(
-        self, consumer: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int | None]:
-        w = await self.awatermarks(consumer, stream=stream, superstream=superstream)
-        return {p.stream: p.stored for p in w.partitions}
-
-    async def alag(self, consumer: str, *, stream: str | None = None, superstream: str | None = None) -> int:
-        return (await self.awatermarks(consumer, stream=stream, superstream=superstream)).total_lag
-
-    async def astore(self, consumer: str, last_offsets: Mapping[str, int]) -> None:
-        await astore_watermarks(await self.aget_conn(), consumer, last_offsets)

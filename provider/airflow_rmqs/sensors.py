@@ -15,8 +15,9 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rmqs.failures import airflow_failures
-from airflow_rmqs.hooks import RabbitMQStreamHook, check_target
+from airflow_rmqs.hooks import RabbitMQStreamHook
 from airflow_rmqs.triggers import RabbitMQStreamLagTrigger, RabbitMQStreamNewDataTrigger, watermark_payload
+from pyspark_rmqs.target import Target
 from pyspark_rmqs.watermarks import Watermarks
 
 
@@ -38,7 +39,7 @@ class _WatermarkSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check_target(stream, superstream)
+        Target.of(stream, superstream)  # fails at DAG parse time unless exactly one is given
         self.consumer_name = consumer_name
         self.stream = stream
         self.superstream = superstream

@@ -13,8 +13,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_rmqs.hooks import RabbitMQStreamHook, check_target
-from pyspark_rmqs.errors import RmqsError
+from airflow_rmqs.hooks import RabbitMQStreamHook
+from pyspark_rmqs.errors import RmqsError, classify
+from pyspark_rmqs.target import Target
 from pyspark_rmqs.watermarks import Watermarks
 
 
@@ -41,6 +42,7 @@ class _WatermarkPolling:
 
     log: Any
     consumer_name: str
+    target: Target
     stream: str | None
     superstream: str | None
     poll_interval: float
@@ -55,7 +57,7 @@ class _WatermarkPolling:
         poll_interval: float,
         conn_id: str,
     ) -> None:
-        check_target(stream, superstream)
+        self.target = Target.of(stream, superstream)  # fails here unless exactly one is given
         self.consumer_name = consumer_name
         self.stream = stream
         self.superstream = superstream
@@ -75,9 +77,7 @@ class _WatermarkPolling:
         """One watermark snapshot (tails, stored offsets) on the running loop's shared connection."""
         if self._hook is None:
             self._hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
-        return await self._hook.awatermarks(
-            self.consumer_name, stream=self.stream, superstream=self.superstream
-        )
+        return await self._hook.awatermarks(self.consumer_name, **self.target.kw())
 
     async def _checks(self) -> AsyncIterator[Watermarks]:
         """One snapshot per poll; retryable errors wait for the next poll, the others raise."""
@@ -85,7 +85,7 @@ class _WatermarkPolling:
             try:
                 yield await self.check()
             except RmqsError as e:
-                if not e.retryable:
+                if not classify(e).retryable:  # the one retry decision, shared with operators and Dagster
                     raise
                 self.log.warning(
                     "rmqs: watermark check failed, retrying in %.1f s: %s", self.poll_interval, e

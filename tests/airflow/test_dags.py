@@ -109,7 +109,7 @@ def sink_then_fail_once(df, context, token):
     attempt = context["ti"].try_number
     with open(os.path.join(OUT, f"token-{attempt}.json"), "w") as f:
         json.dump(token.to_dict(), f)
-    stored = RabbitMQStreamHook(CONN_ID).stored("job", stream=STREAM)
+    stored = RabbitMQStreamHook(CONN_ID).stored_offsets("job", stream=STREAM)
     with open(os.path.join(OUT, f"watermark-before-{attempt}.json"), "w") as f:
         json.dump(stored, f)
     df.write.parquet(os.path.join(OUT, f"attempt-{attempt}"))
@@ -156,7 +156,7 @@ def test_failure_before_the_sink_commit_keeps_the_watermark_and_the_retry_reread
     }  # unchanged by the failure
     # The retry read the recorded plan [0, 40), not the 25 messages published after it.
     assert rows(spark, tmp_path / "attempt-1") == rows(spark, tmp_path / "attempt-2") == sorted(bodies)
-    assert RabbitMQStreamHook().stored("job", stream=s) == {s: 39}
+    assert RabbitMQStreamHook().stored_offsets("job", stream=s) == {s: 39}
     summary = xcom(dag_run, "read")
     assert summary["rows"] == 40
     assert summary["start_offsets"] == {s: 0} and summary["end_offsets"] == {s: 40}
@@ -225,7 +225,7 @@ def test_backfill_dag_reads_exactly_its_range_and_leaves_the_live_watermark(
     publish(broker, parts[0], [f"late-a{i}".encode() for i in range(5)])
     publish(broker, parts[1], [f"late-b{i}".encode() for i in range(3)])
     hook = RabbitMQStreamHook()
-    hook.store("live", {parts[0]: 3, parts[1]: 4})
+    hook.store_watermarks("live", {parts[0]: 3, parts[1]: 4})
     module = load_dag_module("rmqs_backfill", demo_env(name, tmp_path / "orders", "live"), monkeypatch)
 
     offsets_out = tmp_path / f"offsets-{uuid.uuid4().hex[:4]}"
@@ -247,7 +247,7 @@ def test_backfill_dag_reads_exactly_its_range_and_leaves_the_live_watermark(
     assert dag_run.state == "success"
     expected = [f"late-a{i}".encode() for i in range(5)] + [f"late-b{i}".encode() for i in range(3)]
     assert rows(spark, time_out) == sorted(expected)
-    assert hook.stored("live", superstream=name) == {
+    assert hook.stored_offsets("live", superstream=name) == {
         parts[0]: 3,
         parts[1]: 4,
     }  # the live watermark is untouched

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import warnings
 
 import pytest
 
@@ -92,26 +93,76 @@ def test_watermarks_sync_and_async(broker: BrokerSettings, streams) -> None:  # 
     publish(broker, parts[0], [b"a"] * 30)
     publish(broker, parts[1], [b"b"] * 10)
     hook = RabbitMQStreamHook()
-    assert hook.tail(superstream=name) == {parts[0]: 30, parts[1]: 10}
-    assert hook.stored("etl", superstream=name) == {parts[0]: None, parts[1]: None}
+    assert hook.tails(superstream=name) == {parts[0]: 30, parts[1]: 10}
+    assert hook.stored_offsets("etl", superstream=name) == {parts[0]: None, parts[1]: None}
     assert hook.lag("etl", superstream=name) == 40
-    hook.store("etl", {parts[0]: 19})
-    assert hook.stored("etl", superstream=name) == {parts[0]: 19, parts[1]: None}
+    hook.store_watermarks("etl", {parts[0]: 19})
+    assert hook.stored_offsets("etl", superstream=name) == {parts[0]: 19, parts[1]: None}
     assert hook.lag("etl", superstream=name) == 20
+    assert hook.lags("etl", superstream=name) == {parts[0]: 10, parts[1]: 10}
 
-    async def check() -> tuple[dict[str, int], dict[str, int | None], int]:
+    async def check() -> tuple[dict[str, int], dict[str, int | None], int, dict[str, int]]:
         h = RabbitMQStreamHook()
-        await h.astore("etl", {parts[1]: 9})
+        await h.astore_watermarks("etl", {parts[1]: 9})
         return (
-            await h.atail(superstream=name),
-            await h.astored("etl", superstream=name),
+            await h.atails(superstream=name),
+            await h.astored_offsets("etl", superstream=name),
             await h.alag("etl", superstream=name),
+            await h.alags("etl", superstream=name),
         )
 
-    tails, stored, lag = asyncio.run(check())
+    tails, stored, lag, lags = asyncio.run(check())
     assert (tails, stored, lag) == ({parts[0]: 30, parts[1]: 10}, {parts[0]: 19, parts[1]: 9}, 10)
+    assert lags == {parts[0]: 10, parts[1]: 0}
     w = hook.watermarks("etl", stream=parts[0])
     assert (w.partitions[0].tail, w.partitions[0].stored, w.total_lag) == (30, 19, 10)
+
+
+def test_former_hook_names_and_the_consumer_keyword_still_work_with_a_deprecation_warning(
+    broker: BrokerSettings,
+    streams,  # type: ignore[no-untyped-def]
+) -> None:
+    """DAGs written against `tail` / `stored` / `store` (and `atail` / `astored` / `astore`) or
+    `consumer=` keep working; the warning names the new call and points at the DAG's line."""
+    s = streams.stream()
+    publish(broker, s, [b"a"] * 5)
+    hook = RabbitMQStreamHook()
+    with pytest.warns(DeprecationWarning, match=r"store\(\) is deprecated, use store_watermarks\(\)") as w:
+        hook.store("old", {s: 1})
+    assert w[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match=r"tail\(\) is deprecated, use tails\(\)"):
+        assert hook.tail(stream=s) == {s: 5}
+    with pytest.warns(DeprecationWarning, match=r"stored\(\) is deprecated, use stored_offsets\(\)"):
+        assert hook.stored("old", stream=s) == {s: 1}
+    with pytest.warns(DeprecationWarning, match="keyword 'consumer' is deprecated") as w:
+        assert hook.lag(consumer="old", stream=s) == 3
+    assert w[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="keyword 'consumer' is deprecated"):
+        assert hook.watermarks(consumer="old", stream=s).total_lag == 3
+    with warnings.catch_warnings(record=True) as both:
+        warnings.simplefilter("always")
+        assert hook.stored(consumer="old", stream=s) == {s: 1}  # a former name and a former keyword
+    assert [str(x.message).split(" is ")[0] for x in both] == [
+        "RabbitMQStreamHook.stored()",
+        "RabbitMQStreamHook: the keyword 'consumer'",
+    ]
+
+    async def former() -> list[object]:
+        h = RabbitMQStreamHook()
+        with pytest.warns(DeprecationWarning, match=r"astore\(\) is deprecated, use astore_watermarks"):
+            await h.astore("old", {s: 2})
+        with pytest.warns(DeprecationWarning, match=r"atail\(\) is deprecated, use atails"):
+            tails = await h.atail(stream=s)
+        with pytest.warns(DeprecationWarning, match=r"astored\(\) is deprecated, use astored_offsets"):
+            stored = await h.astored("old", stream=s)
+        with pytest.warns(DeprecationWarning, match="keyword 'consumer' is deprecated") as w:
+            lag = await h.alag(consumer="old", stream=s)
+        assert w[0].filename == __file__
+        with pytest.warns(DeprecationWarning, match="keyword 'consumer' is deprecated"):
+            total = (await h.awatermarks(consumer="old", stream=s)).total_lag
+        return [tails, stored, lag, total]
+
+    assert asyncio.run(former()) == [{s: 5}, {s: 2}, 2, 2]
 
 
 def test_password_never_in_repr_or_options_dump(secret_user, broker: BrokerSettings, conn_env) -> None:  # type: ignore[no-untyped-def]

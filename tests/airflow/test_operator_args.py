@@ -119,3 +119,81 @@ def test_consume_operator_writes_iceberg_tables_through_the_iceberg_sink(tmp_pat
         RabbitMQStreamConsumeOperator(
             task_id="x", stream="s", consumer_name="c", output_path="p", output_format="csv"
         )
+
+
+def test_read_and_consume_share_one_declaration_of_the_bounded_read_parameters() -> None:
+    """The bounded-read parameters, their defaults, checks and template fields are declared once
+    (`_BoundedReadOperator`) and mean the same in the Spark and the Spark-free operator."""
+    import inspect
+
+    from airflow_rmqs.operator_base import BOUNDED_READ_FIELDS, _BoundedReadOperator
+    from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
+
+    shared = {
+        p.name: p.default
+        for p in inspect.signature(_BoundedReadOperator.__init__).parameters.values()
+        if p.kind == p.KEYWORD_ONLY
+    }
+    assert shared == {
+        "consumer_name": None,
+        "start": "watermark",
+        "end": "latest",
+        "starting_offsets": "earliest",
+        "max_messages": None,
+        "store_watermark": True,
+        "fail_on_data_loss": True,
+        "metadata_fields": None,
+    }
+    for op in (RabbitMQStreamReadOperator, RabbitMQStreamConsumeOperator):
+        assert issubclass(op, _BoundedReadOperator)
+        own = set(inspect.signature(op.__init__).parameters)
+        assert not own & set(shared), f"{op.__name__} declares {own & set(shared)} again"
+        assert tuple(op.template_fields[: len(BOUNDED_READ_FIELDS)]) == BOUNDED_READ_FIELDS
+        assert op.template_fields_renderers["start"] == op.template_fields_renderers["end"] == "json"
+        sink = {"output_path": "/o"}
+        made = op(task_id="t", stream="s", consumer_name="c", **sink)  # type: ignore[arg-type]
+        assert {k: getattr(made, k) for k in shared} == {**shared, "consumer_name": "c"}
+        assert made.max_active_tis_per_dag == 1
+        with pytest.raises(ValueError, match="needs a consumer_name"):
+            op(task_id="t", stream="s", **sink)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="exactly one of 'stream' or 'superstream'"):
+            op(task_id="t", stream="s", superstream="ss", consumer_name="c", **sink)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:Task 'n' was never mapped")
+def test_unknown_operator_arguments_still_fail_when_the_dag_is_parsed() -> None:
+    """Every class names its parameters, so Airflow rejects a misspelt one, directly or in expand()."""
+    from airflow.sdk import DAG
+
+    from airflow_rmqs.operators import (
+        RabbitMQStreamConsumeOperator,
+        RabbitMQStreamProduceOperator,
+    )
+
+    base = {"stream": "s", "consumer_name": "c", "output_path": "/o"}
+    for op in (RabbitMQStreamReadOperator, RabbitMQStreamConsumeOperator):
+        with pytest.raises(TypeError, match=r"Invalid arguments were passed.*\n.*'consumer_nme'"):
+            op(task_id="t", consumer_nme="x", **base)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Invalid arguments were passed"):
+        RabbitMQStreamProduceOperator(task_id="p", stream="s", producer_function=list, routing="key")  # type: ignore[call-arg]
+    with DAG("rmqs_expand_args", schedule=None):
+        mapped = RabbitMQStreamConsumeOperator.partial(task_id="m", stream="s", output_path="/o")
+        mapped.expand(consumer_name=["a", "b"])  # a shared parameter is a known one
+        with pytest.raises(TypeError, match="unexpected keyword argument 'consumer_nme'"):
+            RabbitMQStreamConsumeOperator.partial(task_id="n", stream="s", output_path="/o").expand(
+                consumer_nme=["a"]
+            )
+
+
+def test_every_operator_is_importable_from_airflow_rmqs_operators() -> None:
+    from airflow_rmqs import operators, plain_operators
+
+    for name in (
+        "RabbitMQStreamReadOperator",
+        "RabbitMQStreamDrainOperator",
+        "RabbitMQStreamPublishOperator",
+        "RabbitMQStreamConsumeOperator",
+        "RabbitMQStreamProduceOperator",
+    ):
+        assert name in operators.__all__ and getattr(operators, name).__name__ == name
+    assert operators.RabbitMQStreamConsumeOperator is plain_operators.RabbitMQStreamConsumeOperator

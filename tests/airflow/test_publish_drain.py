@@ -29,7 +29,7 @@ def test_publish_then_drain(spark: Any, broker: BrokerSettings, streams, tmp_pat
     ).execute({})
     assert published["rows"] == 50 and published["target"] == name
     hook = RabbitMQStreamHook()
-    assert sum(hook.tail(superstream=name).values()) == 50
+    assert sum(hook.tails(superstream=name).values()) == 50
 
     drain = RabbitMQStreamDrainOperator(
         task_id="drain",

@@ -25,7 +25,7 @@ def test_new_data_sensor_pokes_and_pushes_the_pending_range(broker: BrokerSettin
     )
     assert not sensor.deferrable and not sensor.poke({}).is_done
     publish(broker, parts[0], [b"x"] * 5)
-    RabbitMQStreamHook().store("etl", {parts[0]: 1})  # lag 3 now
+    RabbitMQStreamHook().store_watermarks("etl", {parts[0]: 1})  # lag 3 now
     assert not sensor.poke({}).is_done
     publish(broker, parts[1], [b"y"] * 2)
     xcom = sensor.execute({})
@@ -39,7 +39,7 @@ def test_lag_sensor_pokes(broker: BrokerSettings, streams) -> None:  # type: ign
     publish(broker, s, [b"x"] * 10)
     sensor = RabbitMQStreamLagSensor(task_id="lag", stream=s, consumer_name="etl", max_lag="4", timeout=5)
     assert not sensor.poke({}).is_done
-    RabbitMQStreamHook().store("etl", {s: 5})
+    RabbitMQStreamHook().store_watermarks("etl", {s: 5})
     assert sensor.execute({})["total_lag"] == 4
 
 

@@ -48,6 +48,32 @@ def test_triggers_round_trip_through_serialize() -> None:
         RabbitMQStreamLagTrigger(consumer_name="etl")
 
 
+def test_polling_waits_out_retryable_errors_and_ends_on_the_others() -> None:
+    """The triggers retry exactly what `errors.classify` calls retryable (no broker needed)."""
+    from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError
+    from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+
+    ready = Watermarks("s", "etl", False, (PartitionWatermark("s", 0, 3, None),))
+
+    def scripted(*outcomes: Any) -> RabbitMQStreamLagTrigger:
+        trigger = RabbitMQStreamLagTrigger(stream="s", consumer_name="etl", max_lag=5, poll_interval=0.01)
+        queue = list(outcomes)
+
+        async def check() -> Watermarks:
+            outcome = queue.pop(0)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        trigger.check = check  # type: ignore[method-assign]
+        return trigger
+
+    payload = asyncio.run(first_event(scripted(BrokerUnavailableError("blip"), ready)))
+    assert payload["total_lag"] == 3  # the transient error was logged and polled again
+    with pytest.raises(ConfigurationError, match="bad"):
+        asyncio.run(first_event(scripted(ConfigurationError("bad"), ready)))
+
+
 async def first_event(trigger: BaseTrigger, timeout: float = 20) -> dict[str, Any]:
     gen = trigger.run()
     try:
@@ -99,7 +125,7 @@ def test_new_data_trigger_counts_from_the_watermark(broker: BrokerSettings, stre
 
     s = streams.stream()
     publish(broker, s, [b"x"] * 10)
-    RabbitMQStreamHook().store("etl", {s: 6})
+    RabbitMQStreamHook().store_watermarks("etl", {s: 6})
     payload = asyncio.run(first_event(RabbitMQStreamNewDataTrigger(stream=s, consumer_name="etl")))
     assert payload["partitions"] == {s: {"tail": 10, "watermark": 6, "first": 0, "lag": 3}}
     assert payload["pending"] == {s: [7, 10]}
@@ -116,7 +142,7 @@ def test_lag_trigger_fires_once_lag_is_low(broker: BrokerSettings, streams) -> N
         task = asyncio.ensure_future(first_event(trigger))
         await asyncio.sleep(0.5)
         assert not task.done()  # lag 10 > 2
-        await RabbitMQStreamHook().astore("etl", {s: 7})
+        await RabbitMQStreamHook().astore_watermarks("etl", {s: 7})
         return await asyncio.wait_for(task, 10)
 
     payload = asyncio.run(scenario())

@@ -294,9 +294,9 @@ def test_hook_manages_streams_publishes_and_reads_batches(broker: BrokerSettings
         assert sum(counts.values()) == 1 and set(counts) == {f"{ss}-0", f"{ss}-1"}
         batches = list(hook.read_batches(s, 1, 3))
         assert [v for b in batches for v in b["value"].to_pylist()] == [b"b", b"c"]
-        assert hook.tail(stream=s) == {s: 3}
-        hook.store("hc", {s: 2})
-        assert hook.stored("hc", stream=s) == {s: 2} and hook.lag("hc", stream=s) == 0
+        assert hook.tails(stream=s) == {s: 3}
+        hook.store_watermarks("hc", {s: 2})
+        assert hook.stored_offsets("hc", stream=s) == {s: 2} and hook.lag("hc", stream=s) == 0
     finally:
         hook.delete_stream(s)
         hook.delete_super_stream(ss)

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from dagster import AssetKey, build_sensor_context
 
 from dagster_rmqs import offset_range_key, offset_range_partitions
@@ -73,3 +74,30 @@ def test_observations_carry_a_tails_data_version_and_only_when_tails_change() ->
     (obs2,) = moved.asset_events
     assert obs2.tags["dagster/data_version"] != version
     assert build_sensor_context(cursor=moved.cursor).cursor == json.dumps({"o-0": 9})
+
+
+def test_stream_target_is_built_on_the_core_target() -> None:
+    """`StreamTarget` keeps its fields and metadata keys; the check and the name are the core `Target`'s."""
+    from dagster_rmqs import StreamTarget
+    from dagster_rmqs.targets import make_target
+    from pyspark_rmqs.errors import ConfigurationError
+    from pyspark_rmqs.target import Target
+
+    t = make_target(None, "orders", "etl")
+    assert (t.stream, t.superstream, t.consumer_name, t.rabbitmq_key) == (None, "orders", "etl", "rabbitmq")
+    assert t.target == Target("orders", True) and t.name == "orders"
+    assert t.metadata() == {
+        "rmqs/superstream": "orders",
+        "rmqs/consumer_name": "etl",
+        "rmqs/resource_key": "rabbitmq",
+    }
+    assert StreamTarget("s", None, None, "east").metadata() == {
+        "rmqs/stream": "s",
+        "rmqs/resource_key": "east",
+    }
+    assert t == StreamTarget(None, "orders", "etl")  # equality is the fields'
+    for stream, superstream in ((None, None), ("s", "orders")):
+        with pytest.raises(ConfigurationError, match=r"^give exactly one of 'stream' or 'superstream'$"):
+            StreamTarget(stream, superstream, "etl")
+    with pytest.raises(ConfigurationError, match="rabbitmq_key must be a Python identifier"):
+        make_target("s", None, "etl", "not-an-identifier")

@@ -1,0 +1,223 @@
+"""Operators without Spark (no JVM, no pyspark): rmqs's own reader and producer in the worker.
+
+`RabbitMQStreamConsumeOperator` reads a bounded range as Arrow batches into a callable, Parquet
+files or an Iceberg table; `RabbitMQStreamProduceOperator` publishes what a callable yields. Both
+work on an `rmqs[airflow]` worker without the `rmqs[spark]` extra. Import them from
+`airflow_rmqs.operators`, with the Spark operators.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_rmqs import values
+from airflow_rmqs.failures import airflow_failures
+from airflow_rmqs.hooks import secret_values
+from airflow_rmqs.operator_base import (
+    BOUNDED_READ_FIELDS,
+    BOUNDED_READ_RENDERERS,
+    _BoundedReadOperator,
+    _StreamOperator,
+    pipeline_of,
+    retries_of,
+)
+
+
+def resolve_callable(value: Callable[..., Any] | str, param: str) -> Callable[..., Any]:
+    """A callable, or a dotted path `package.module.function` to one (as the Kafka provider takes)."""
+    if callable(value):
+        return value
+    if not isinstance(value, str) or "." not in value:
+        raise AirflowFailException(
+            f"{param} must be a callable or a dotted path 'module.function'; got {value!r}"
+        )
+    module, _, name = value.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise AirflowFailException(f"{param} {value!r} cannot be imported: {e}") from e
+    if not callable(found):
+        raise AirflowFailException(f"{param} {value!r} is not callable")
+    return found
+
+
+class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
+    """A bounded read without Spark: Arrow batches to `apply_function`, or Parquet files to `output_path`.
+
+    The same range and watermark protocol as `RabbitMQStreamReadOperator` (start at the watermark,
+    end at the tails when the task starts, a persisted plan re-read exactly by a retry, watermarks
+    stored only after the sink succeeded), read by rmqs's own reader in the worker process: no JVM,
+    no pyspark, memory bounded by `queueCapacity` whatever the range.
+
+    :param apply_function: a callable or a dotted path (`my_pkg.sink.handle`) called with every
+        `pyarrow.RecordBatch` of the source schema (`value`, `stream`, `offset`, `chunk_timestamp`
+        and the `metadata_fields`), then `*apply_function_args, **apply_function_kwargs`.
+    :param output_path: instead, a directory (or `s3://...` URI pyarrow can write): one Parquet file
+        per partition stream and run, `<stream>-<start>-<end>.parquet`, written under a temporary
+        name and renamed when complete; a retry of the same range replaces it. A local folder also
+        gets a commit record per run (`_rmqs_commits/`): a retry of a committed range reads nothing.
+    :param output_format: "parquet" (default) or "iceberg": then `output_path` is an Iceberg table
+        (`namespace.table`, created from the source schema) in the pyiceberg catalog configured by
+        `iceberg_catalog` (pyiceberg catalog properties, e.g. `{"type": "sql", "uri": "sqlite:///...",
+        "warehouse": "file:///..."}`, and optionally its `name`, default "rmqs"); each run is one
+        atomic append whose snapshots carry its range token, so a replayed range is recognised from
+        the table itself and not appended again.
+    :param source_options: reader options: `queueCapacity`, `initialCredits`, `pollTimeoutMs`,
+        `maxWaitMs`, `filterValues`, `filterMatchUnfiltered`, `strictDecoding`.
+    The bounded-read parameters (`consumer_name`, `start`, `end`, `starting_offsets`,
+    `max_messages`, `store_watermark`, `fail_on_data_loss`, `metadata_fields`) are the read
+    operator's (`airflow_rmqs.operator_base._BoundedReadOperator`).
+    """
+
+    template_fields: Sequence[str] = (
+        *BOUNDED_READ_FIELDS,
+        "output_path",
+        "apply_function_args",
+        "apply_function_kwargs",
+        "source_options",
+    )
+    template_fields_renderers = {**BOUNDED_READ_RENDERERS, "source_options": "json"}
+
+    def __init__(
+        self,
+        *,
+        apply_function: Callable[..., Any] | str | None = None,
+        apply_function_args: Sequence[Any] | None = None,
+        apply_function_kwargs: Mapping[str, Any] | None = None,
+        output_path: str | None = None,
+        output_format: str = "parquet",
+        iceberg_catalog: Mapping[str, str] | None = None,
+        source_options: Mapping[str, str] | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (output_path is None) == (apply_function is None):
+            raise ValueError("give exactly one of 'output_path' or 'apply_function'")
+        if output_format not in ("parquet", "iceberg"):
+            raise ValueError(f"output_format must be 'parquet' or 'iceberg'; got {output_format!r}")
+        self.apply_function = apply_function
+        self.apply_function_args = apply_function_args
+        self.apply_function_kwargs = apply_function_kwargs
+        self.output_path = output_path
+        self.output_format = output_format
+        self.iceberg_catalog = dict(iceberg_catalog or {})
+        self.source_options = source_options
+
+    def _lineage_paths(self) -> tuple[list[str], list[str]]:
+        return [], [str(self.output_path)] if self.output_path else []
+
+    def _sink(self) -> Any:
+        from pyspark_rmqs import consume
+
+        if self.output_path is not None and self.output_format == "iceberg":
+            from pyspark_rmqs.iceberg import IcebergSink
+
+            return IcebergSink(str(self.output_path), self.iceberg_catalog)
+        if self.output_path is not None:
+            return consume.ParquetSink(str(self.output_path))
+        fn = resolve_callable(self.apply_function, "apply_function")  # type: ignore[arg-type]
+        return consume.FunctionSink(
+            fn, *(self.apply_function_args or ()), **(self.apply_function_kwargs or {})
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark_rmqs import consume
+
+        conn = self.connection()
+        with airflow_failures(secret_values(conn)):
+            plan = self.plan(conn, "consuming")
+            summary = consume.run_consume(
+                conn,
+                plan,
+                self._sink(),
+                store_watermark=self.store_watermark,
+                metadata_fields=self.metadata_fields,
+                source_options=values.options(self.source_options, "source_options"),
+                pipeline=pipeline_of(context),
+                retry_count=retries_of(context),
+            )
+        self._summary = summary.to_dict()
+        return self._summary
+
+
+class RabbitMQStreamProduceOperator(_StreamOperator):
+    """Publishes the messages `producer_function` yields, with confirms, without Spark.
+
+    :param producer_function: a callable or a dotted path, called with `*producer_function_args,
+        **producer_function_kwargs`; it returns or yields messages: `bytes`, `str` (UTF-8), or a
+        dict with `value` and optional `routing_key` (required for a super stream, routed by
+        `routing_strategy`), `properties`, `application_properties`, `message_annotations`.
+    :param producer_name: the broker-side producer name (deduplication of re-sent messages within
+        the publisher's sequence; a later run continues after the last stored publishing id).
+    :param routing_strategy: `hash` (default, as the Java and Go clients), `key` (the super stream's
+        bindings) or `custom` with `partitioner_class`.
+    Returns `{"target", "messages": {partition stream: count}, "rows", "seconds"}` once every
+    message is confirmed.
+    """
+
+    _operation = "write"
+    template_fields: Sequence[str] = (
+        "stream",
+        "superstream",
+        "producer_function_args",
+        "producer_function_kwargs",
+        "producer_name",
+    )
+
+    def __init__(
+        self,
+        *,
+        producer_function: Callable[..., Iterable[Any]] | str,
+        producer_function_args: Sequence[Any] | None = None,
+        producer_function_kwargs: Mapping[str, Any] | None = None,
+        producer_name: str | None = None,
+        routing_strategy: str = "hash",
+        partitioner_class: str | None = None,
+        compression: str = "none",
+        batch_size: int = 500,
+        confirm_timeout_ms: int = 30_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.producer_function = producer_function
+        self.producer_function_args = producer_function_args
+        self.producer_function_kwargs = producer_function_kwargs
+        self.producer_name = producer_name
+        self.routing_strategy = routing_strategy
+        self.partitioner_class = partitioner_class
+        self.compression = compression
+        self.batch_size = batch_size
+        self.confirm_timeout_ms = confirm_timeout_ms
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pyspark_rmqs import produce
+        from pyspark_rmqs.broker.writer import WriteSettings
+
+        conn = self.connection()
+        fn = resolve_callable(self.producer_function, "producer_function")
+        t0 = time.monotonic()
+        with airflow_failures(secret_values(conn)):
+            target = self._target()
+            settings = WriteSettings(
+                producer_name=values.optional_str(self.producer_name),
+                routing_strategy=self.routing_strategy,
+                partitioner_class=self.partitioner_class,
+                compression=self.compression,
+                batch_size=int(self.batch_size),
+                confirm_timeout_ms=int(self.confirm_timeout_ms),
+            )
+            messages = fn(*(self.producer_function_args or ()), **(self.producer_function_kwargs or {}))
+            counts = produce.publish(conn, messages or (), **target.kw(), settings=settings)
+        self._summary = {
+            "target": target.name,
+            "messages": counts,
+            "rows": sum(counts.values()),
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+        self.log.info("rmqs: produced %s", self._summary)
+        return self._summary
