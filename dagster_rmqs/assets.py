@@ -192,12 +192,11 @@ def build_stream_asset(
             checkpoint_location=checkpoint_location,
             source_options=source_options,
             drain_timeout_s=drain_timeout_s,
-            spark_key=spark_key,
         )
     if isinstance(partitions_def, DynamicPartitionsDefinition):
-        return offset_range_asset(name, read, attrs, partitions_def=partitions_def, spark_key=spark_key)
+        return offset_range_asset(name, read, attrs, partitions_def=partitions_def)
     if isinstance(partitions_def, TimeWindowPartitionsDefinition):
-        return time_window_asset(name, read, attrs, partitions_def=partitions_def, spark_key=spark_key)
+        return time_window_asset(name, read, attrs, partitions_def=partitions_def)
     if partitions_def is not None:
         raise ConfigurationError(
             "partitions_def must be offset-range partitions (offset_range_partitions) or time windows (any "
@@ -209,5 +208,4 @@ def build_stream_asset(
         attrs,
         starting_offsets=starting_offsets,
         max_messages=max_messages,
-        spark_key=spark_key,
     )

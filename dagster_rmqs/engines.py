@@ -49,6 +49,11 @@ class Engine(Protocol):
     @property
     def output(self) -> Output: ...
 
+    @property
+    def spark_key(self) -> str | None:
+        """The resource key of the SparkSession the engine reads with; None: it needs no Spark."""
+        ...
+
     def read(
         self,
         context: AssetExecutionContext,
@@ -109,6 +114,7 @@ class ArrowEngine:
     metadata_fields: str | None = None
     source_options: Mapping[str, str] = field(default_factory=dict)
     name: EngineName = "arrow"
+    spark_key: None = None
 
     def read(
         self,

@@ -76,8 +76,7 @@ class StreamRead:
     def plan(self, conn: ConnectionOptions, **kw: Any) -> ReadPlan:
         return plan_read(
             conn,
-            stream=self.target.stream,
-            superstream=self.target.superstream,
+            **self.target.target.kw(),
             consumer=self.target.consumer_name,
             fail_on_data_loss=self.fail_on_data_loss,
             **kw,
@@ -109,10 +108,11 @@ def define(
     attrs: AssetAttributes,
     *,
     partitions_def: PartitionsDefinition | None = None,
-    needs_spark: bool,
-    spark_key: str = "spark",
 ) -> AssetsDefinition:
-    """The Dagster asset: `fn` plus the target's metadata, resource keys and passthrough attributes."""
+    """The Dagster asset: `fn` plus the target's metadata, resource keys and passthrough attributes.
+
+    It needs the broker resource, and the Spark resource when its engine reads with Spark.
+    """
     a: dict[str, Any] = dict(attrs)
     t = read.target
     consumer = str(t.consumer_name)
@@ -120,8 +120,9 @@ def define(
     if partitions_def is not None and backfill is None:
         backfill = BackfillPolicy.single_run()  # a backfill of many keys or windows: one read
     kinds = a.pop("kinds", None) or {"rabbitmq", "spark" if read.engine.name == "spark" else "parquet"}
-    keys = {t.rabbitmq_key, spark_key} if needs_spark else {t.rabbitmq_key}
-    what = f"RabbitMQ {'super ' if t.superstream else ''}stream '{t.name}'"
+    spark_key = read.engine.spark_key
+    keys = {t.rabbitmq_key, spark_key} if spark_key else {t.rabbitmq_key}
+    what = f"RabbitMQ {t.target.describe()}"
     description = a.pop("description", None) or (
         f"Messages of {what} read by consumer '{consumer}' into {read.engine.output.uri or 'a sink'}"
     )
@@ -152,7 +153,6 @@ def watermark_asset(
     *,
     starting_offsets: str = "earliest",
     max_messages: int | None = None,
-    spark_key: str = "spark",
 ) -> AssetsDefinition:
     """Reads `[watermark + 1, tail)` (or the pending plan of a failed try), then stores the watermark."""
     consumer = read.target.require_consumer(name)
@@ -171,9 +171,7 @@ def watermark_asset(
             context.log.info(f"reading {describe(plan)} as consumer '{consumer}'{again}")
             return read.result(conn, read.engine.read(context, conn, plan, store_watermark=True))
 
-    return define(
-        name, read, "batch", materialize, attrs, needs_spark=read.engine.name == "spark", spark_key=spark_key
-    )
+    return define(name, read, "batch", materialize, attrs)
 
 
 def drain_asset(
@@ -184,12 +182,13 @@ def drain_asset(
     checkpoint_location: str,
     source_options: Mapping[str, str] | None = None,
     drain_timeout_s: float = 3600.0,
-    spark_key: str = "spark",
 ) -> AssetsDefinition:
     """An AvailableNow Structured Streaming drain into files; the checkpoint is the source of truth."""
     from pyspark_rmqs.jobs import run_drain
 
-    t, out = read.target, read.engine.output
+    t, out, spark_key = read.target, read.engine.output, read.engine.spark_key
+    if spark_key is None:
+        raise ConfigurationError("mode='available_now' drains with Spark: use engine='spark'")
     consumer = t.require_consumer(name)
     options = {
         **({"metadataFields": read.metadata_fields} if read.metadata_fields else {}),
@@ -214,7 +213,7 @@ def drain_asset(
             )
             return read.result(conn, summary)
 
-    return define(name, read, "available_now", materialize, attrs, needs_spark=True, spark_key=spark_key)
+    return define(name, read, "available_now", materialize, attrs)
 
 
 def offset_range_asset(
@@ -223,7 +222,6 @@ def offset_range_asset(
     attrs: AssetAttributes,
     *,
     partitions_def: DynamicPartitionsDefinition,
-    spark_key: str = "spark",
 ) -> AssetsDefinition:
     """Partition keys are offset ranges; a run reads exactly its keys' ranges, one read per gap depth."""
 
@@ -242,16 +240,7 @@ def offset_range_asset(
             extra = {"partition_keys": MetadataValue.json(sorted(keys)), "spark_reads": len(layers)}
             return read.result(conn, combine(summaries, layers), extra)
 
-    return define(
-        name,
-        read,
-        "offset_ranges",
-        materialize,
-        attrs,
-        partitions_def=partitions_def,
-        needs_spark=read.engine.name == "spark",
-        spark_key=spark_key,
-    )
+    return define(name, read, "offset_ranges", materialize, attrs, partitions_def=partitions_def)
 
 
 def _exact_plan(read: StreamRead, conn: ConnectionOptions, ranges: dict[str, tuple[int, int]]) -> ReadPlan:
@@ -280,7 +269,6 @@ def time_window_asset(
     attrs: AssetAttributes,
     *,
     partitions_def: TimeWindowPartitionsDefinition,
-    spark_key: str = "spark",
 ) -> AssetsDefinition:
     """A window reads `[offset at its start, offset at its end)` by chunk timestamp, per stream.
 
@@ -315,13 +303,4 @@ def time_window_asset(
             }
             return read.result(conn, summary, extra)
 
-    return define(
-        name,
-        read,
-        "time_windows",
-        materialize,
-        attrs,
-        partitions_def=partitions_def,
-        needs_spark=read.engine.name == "spark",
-        spark_key=spark_key,
-    )
+    return define(name, read, "time_windows", materialize, attrs, partitions_def=partitions_def)

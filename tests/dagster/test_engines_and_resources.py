@@ -212,3 +212,22 @@ def test_dagster_attributes_pass_through_every_factory() -> None:
         build_stream_asset(
             "k", stream="s", consumer_name="c", output_path="/x", engine="arrow", output_format="csv"
         )
+
+
+def test_an_asset_needs_the_spark_resource_exactly_when_its_engine_reads_with_spark(tmp_path: Path) -> None:
+    """Every mode takes the Spark resource key from its engine: `spark_key` with Spark, none with Arrow."""
+    from dagster import DailyPartitionsDefinition
+
+    from dagster_rmqs import offset_range_partitions
+
+    def keys(name: str, **kw: Any) -> set[str]:
+        a = build_stream_asset(name, stream="s", consumer_name="c", output_path=str(tmp_path), **kw)
+        return set(a.required_resource_keys) - {"io_manager"}
+
+    ranges, days = offset_range_partitions("rmqs_ranges"), DailyPartitionsDefinition("2025-01-01")
+    drain = {"mode": "available_now", "checkpoint_location": str(tmp_path / "cp")}
+    for engine, expected in (("spark", {"rabbitmq", "lake"}), ("arrow", {"rabbitmq"})):
+        assert keys(f"w_{engine}", engine=engine, spark_key="lake") == expected
+        assert keys(f"r_{engine}", engine=engine, spark_key="lake", partitions_def=ranges) == expected
+        assert keys(f"t_{engine}", engine=engine, spark_key="lake", partitions_def=days) == expected
+    assert keys("d", spark_key="lake", **drain) == {"rabbitmq", "lake"}
