@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
+from pyspark_rmqs.broker.bridge import _AUTO_MAX_CREDITS, Bridge
 from pyspark_rmqs.broker.protocol import Chunk
-from pyspark_rmqs.broker.reader import _AUTO_MAX_CREDITS, _Bridge
 
 
 class _Broker:
@@ -36,7 +36,7 @@ async def _simulate(
     Returns the offsets read, the credit frames sent and the most messages ever queued or in flight.
     """
     broker = _Broker()
-    bridge = _Bridge(broker, 1, 0, total, capacity, filtered=False, credits=0)  # type: ignore[arg-type]
+    bridge = Bridge(broker, 1, 0, total, capacity, filtered=False, credits=0)  # type: ignore[arg-type]
     broker.credits = bridge.initial_credits
     sent, peak = 0, 0
     offsets: list[int] = []

@@ -1,9 +1,10 @@
 """The push-to-pull bridge: exactly the messages of `[start, end)` as Arrow RecordBatches.
 
-The broker pushes chunks; Spark pulls rows. Between them sits a bounded queue. Credits (one per
-chunk) are granted while the queue holds fewer than `queue_capacity` messages and never once the
-delivered chunks reach `end`, so memory is bounded by the queue and the credits, not by the
-range. The reader works per chunk: it never builds an object per message.
+The broker pushes chunks; Spark pulls rows. Between them sits a bounded queue, fed by the
+subscription's `Bridge` (bridge.py), which grants credits only while the queue and the chunks in
+flight stay within `queue_capacity` messages and never once the delivered chunks reach `end`, so
+memory is bounded by the queue and the credits, not by the range. The reader works per chunk: it
+never builds an object per message.
 
 Waiting is bounded twice: `poll_timeout_ms` without any chunk, or `max_wait_ms` for the whole
 read, fails the read (a range is never silently shortened). A lost connection (a broker restart)
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +46,7 @@ from rstream.constants import OffsetType
 
 from pyspark_rmqs import chunks, codec
 from pyspark_rmqs.batches import BatchBuilder
+from pyspark_rmqs.broker.bridge import Bridge, Gap
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
 from pyspark_rmqs.broker.pool import get_pool
@@ -74,18 +75,6 @@ _IDLE_CHECK_S = 0.25
 # this long without a chunk while user chunks remain in the range, the rest is read unfiltered.
 _FILTER_IDLE_END_S = 2.0
 _MAX_RECONNECTS = 5  # connection losses in a row without a single new message
-# Adaptive credits (initialCredits=0): the first request, and the ceilings on chunks in flight and
-# on the bytes queued plus in flight (chunks are at most a few MiB; the queue bounds messages too).
-# The first request must be 1: the broker resumes a subscription whose credit ran out only once its
-# credit exceeds half the initial credit (its send limit), so with an initial 2 a later grant of 1
-# would never be served; with 1 (limit 0) every grant is.
-_AUTO_FIRST_CREDITS = 1
-_AUTO_MAX_CREDITS = 32
-_AUTO_MAX_BYTES = 32 << 20
-# Adaptive credits are topped up once a quarter of the target has arrived, not chunk by chunk: one
-# credit frame per chunk of 50 messages cost the loop thread a socket write per 50 messages (a third
-# of its time in a profile) and the broker a command to parse.
-_CREDIT_BATCHES = 4
 
 
 @dataclass
@@ -106,163 +95,6 @@ class ReadSettings:
     consumer_name: str | None = None
     fail_on_data_loss: bool = SourceOptions.default("fail_on_data_loss")
     extra: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Gap:
-    """Offsets `[start, end)` the broker skipped over: tracking entries, filtered chunks, or lost.
-
-    Consumers are not sent offset-tracking chunks and filtered-out chunks, so a gap alone proves
-    nothing; the stream's first offset decides (`RangeReader._gap`).
-    """
-
-    start: int
-    end: int
-
-
-class _Bridge:
-    """Loop-side half of one subscription: receives chunks, grants credits.
-
-    Fixed credits (`initial_credits` >= 1): that many chunks are requested at first, then one per
-    delivered chunk while the queue holds fewer than `capacity` messages.
-
-    Adaptive credits (`initial_credits` 0, the default): the chunks kept in flight follow the
-    chunk sizes observed so far, so that the queued messages plus the in-flight chunks (at their
-    average size) stay within `capacity` messages and `_AUTO_MAX_BYTES` bytes, never above
-    `_AUTO_MAX_CREDITS` chunks nor above the chunks the rest of the range needs, and at least one
-    chunk when the queue is empty. Small chunks (a producer's batch of 100) then keep several in
-    flight; chunks as large as the queue keep one, as fixed credits of 1 do.
-    """
-
-    def __init__(
-        self,
-        client: RmqsClient,
-        sub: int,
-        start: int,
-        end: int,
-        capacity: int,
-        *,
-        filtered: bool,
-        credits: int = 1,
-    ) -> None:
-        self.client = client
-        self.sub = sub
-        self.end = end
-        self.capacity = capacity
-        self.filtered = filtered
-        self.adaptive = credits <= 0
-        # The offset the next delivered chunk should cover; one starting later opens a gap.
-        self.expect = start
-        self.q: queue.SimpleQueue[Chunk | _Gap | BaseException] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.queued = 0
-        self.queued_bytes = 0
-        self.owed = 0
-        self.done_receiving = False
-        # adaptive credits: chunks requested and not yet delivered; what delivered chunks held
-        self.in_flight = _AUTO_FIRST_CREDITS if self.adaptive else max(1, credits)
-        self.seen_chunks = 0
-        self.seen_records = 0
-        self.seen_bytes = 0
-        self.loop = asyncio.get_running_loop()
-
-    @property
-    def initial_credits(self) -> int:
-        return self.in_flight
-
-    def on_chunk(self, chunk: Chunk) -> None:  # loop thread
-        if chunk.first_offset > self.expect and self.expect < self.end:
-            self.q.put(_Gap(self.expect, chunk.first_offset))
-        self.expect = max(self.expect, chunk.next_offset)
-        if self.adaptive:
-            self._on_chunk_adaptive(chunk)
-            return
-        if chunk.chunk_type != 0:  # not user data: nothing to queue, but keep the credit flowing
-            if chunk.next_offset < self.end:
-                self.loop.create_task(self._credit())
-            return
-        self.q.put(chunk)
-        grant = False
-        with self.lock:
-            self.queued += chunk.num_records
-            if chunk.next_offset >= self.end:
-                self.done_receiving = True
-            elif self.queued < self.capacity:
-                grant = True
-            else:
-                self.owed += 1
-        if grant:
-            self.loop.create_task(self._credit())
-
-    def _on_chunk_adaptive(self, chunk: Chunk) -> None:  # loop thread
-        user = chunk.chunk_type == 0
-        if user:
-            self.q.put(chunk)
-        with self.lock:
-            self.in_flight = max(0, self.in_flight - 1)
-            if user:
-                size = len(chunk.data)
-                self.queued += chunk.num_records
-                self.queued_bytes += size
-                self.seen_chunks += 1
-                self.seen_records += chunk.num_records
-                self.seen_bytes += size
-            if chunk.next_offset >= self.end:
-                self.done_receiving = True
-            target = self._target()
-            grant = max(0, target - self.in_flight)
-            if self.in_flight and grant < max(1, target // _CREDIT_BATCHES):
-                grant = 0  # enough still in flight: top up later, several chunks in one frame
-            self.in_flight += grant
-        if grant:
-            self.loop.create_task(self._credit(grant))
-
-    def _wanted(self) -> int:
-        """Adaptive credits to grant now (under the lock): the target in flight minus those in flight."""
-        return max(0, self._target() - self.in_flight)
-
-    def _target(self) -> int:
-        """Adaptive credits: the chunks to keep in flight now (under the lock)."""
-        if self.done_receiving:
-            return 0
-        if self.seen_chunks:
-            per_chunk = max(1.0, self.seen_records / self.seen_chunks)
-            chunk_bytes = max(1.0, self.seen_bytes / self.seen_chunks)
-        else:  # nothing seen yet (only tracking chunks): keep the first credits flowing
-            per_chunk, chunk_bytes = float(self.capacity), 1.0
-        room = min(
-            (self.capacity - self.queued) / per_chunk,
-            (_AUTO_MAX_BYTES - self.queued_bytes) / chunk_bytes,
-        )
-        left = max(1, -(-(self.end - self.expect) // int(per_chunk)))  # chunks the range still needs
-        target = min(_AUTO_MAX_CREDITS, left, int(room))
-        if target < 1 and self.queued == 0:
-            target = 1  # a chunk bigger than the queue: one at a time, as with one fixed credit
-        return target
-
-    def consumed(self, n: int, nbytes: int = 0) -> None:  # reader thread
-        grant = 0
-        with self.lock:
-            self.queued -= n
-            self.queued_bytes -= nbytes
-            if self.adaptive:
-                # Top up only when the loop side could not (the queue was full) and enough is owed,
-                # so most chunks are credited on the loop thread, without a wake-up from here.
-                want = self._wanted()
-                if want and (self.in_flight == 0 or want >= max(1, (self.in_flight + want) // 2)):
-                    grant = want
-                    self.in_flight += grant
-            elif self.owed and not self.done_receiving and self.queued < self.capacity:
-                self.owed -= 1
-                grant = 1
-        if grant:
-            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._credit(grant)))
-
-    async def _credit(self, n: int = 1) -> None:
-        try:
-            await self.client.credit(self.sub, n)
-        except Exception as e:  # surfaces in the reader as a lost connection
-            self.q.put(BrokerUnavailableError(f"could not grant credit: {e}"))
 
 
 class _Unfiltered(Exception):
@@ -362,7 +194,7 @@ class RangeReader:
             self.rows += batch.num_rows
         return batch
 
-    def _drain(self, bridge: _Bridge, builder: BatchBuilder, deadline: float) -> Iterator[pa.RecordBatch]:
+    def _drain(self, bridge: Bridge, builder: BatchBuilder, deadline: float) -> Iterator[pa.RecordBatch]:
         poll_s = self.s.poll_timeout_ms / 1000
         last_chunk_at = time.monotonic()
         idle_checked_at = 0.0
@@ -405,7 +237,7 @@ class RangeReader:
                 continue
             if isinstance(item, BaseException):
                 raise item
-            if isinstance(item, _Gap):
+            if isinstance(item, Gap):
                 self._gap(item)
                 continue
             last_chunk_at = time.monotonic()
@@ -422,7 +254,7 @@ class RangeReader:
                 if batch is not None:
                     yield batch
 
-    def _gap(self, gap: _Gap) -> None:
+    def _gap(self, gap: Gap) -> None:
         """Offsets skipped by the broker are lost only if retention removed them: ask for the first offset.
 
         The first offset only grows, so a first offset at or below the gap's start now proves the
@@ -483,7 +315,7 @@ class RangeReader:
         if run:
             builder.add(run, run_start, ts)
 
-    def _subscribe_waiting(self, deadline: float) -> tuple[RmqsClient, _Bridge]:
+    def _subscribe_waiting(self, deadline: float) -> tuple[RmqsClient, Bridge]:
         """Subscribe at `next_offset`, waiting out a restarting broker (never past maxWaitMs).
 
         A missing stream (`StreamNotFoundError`) is not transient: it is raised at once.
@@ -527,10 +359,10 @@ class RangeReader:
         """Filtered, silent this long, user chunks left: go on unfiltered (never end short)."""
         return self._filtered and idle_s >= _FILTER_IDLE_END_S
 
-    async def _subscribe(self, offset: int) -> tuple[RmqsClient, _Bridge]:
+    async def _subscribe(self, offset: int) -> tuple[RmqsClient, Bridge]:
         client = await get_pool().acquire(self.conn, "rmqs-reader")
         sub = client.alloc_subscription_id()
-        bridge = _Bridge(
+        bridge = Bridge(
             client,
             sub,
             offset,
@@ -563,7 +395,7 @@ class RangeReader:
             raise
         return client, bridge
 
-    async def _close(self, client: RmqsClient, bridge: _Bridge, reuse: bool) -> None:
+    async def _close(self, client: RmqsClient, bridge: Bridge, reuse: bool) -> None:
         client.deliver_sinks.pop(bridge.sub, None)
         if reuse and client.is_connection_alive():
             try:
