@@ -22,16 +22,7 @@ def main(cfg: dict[str, Any]) -> None:
 
     conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
     kill = cfg["kill"]
-    if kill == "sink":
-        real_close = consume.ParquetSink.close
-
-        def close_then_die(self: Any) -> None:
-            real_close(self)
-            die()
-
-        consume.ParquetSink.close = close_then_die  # type: ignore[method-assign]
-    elif kill == "commit":
-        arm(kill)
+    arm(kill, engine="arrow")
     plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
     consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"]))
     if kill == "stored":
