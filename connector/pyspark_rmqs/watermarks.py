@@ -67,7 +67,16 @@ class Watermarks:
         return {p.stream: (p.next_offset, p.tail) for p in self.partitions if p.lag > 0}
 
     def tails(self) -> dict[str, int]:
+        """The next offset to be written, per partition stream."""
         return {p.stream: p.tail for p in self.partitions}
+
+    def stored_offsets(self) -> dict[str, int | None]:
+        """The stored watermark per partition stream; None where the consumer name stored none."""
+        return {p.stream: p.stored for p in self.partitions}
+
+    def lags(self) -> dict[str, int]:
+        """Messages published after the watermark, per partition stream (`total_lag` is their sum)."""
+        return {p.stream: p.lag for p in self.partitions}
 
     def to_dict(self) -> dict[str, Any]:
         return {
