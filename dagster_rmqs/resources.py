@@ -1,16 +1,16 @@
 """Dagster resources: the broker connection and a SparkSession.
 
 `RabbitMQStreamsResource` holds connection settings as Dagster config, so the password can come
-from an `EnvVar` and the UI shows the variable's name, not its value. Its calls are those of the
-Airflow hook, with the same names, signatures and results: watermarks (`watermarks`, `tails`,
-`stored_offsets`, `lag` (total), `lags` (per partition stream), `store_watermarks`, and `a...`
-twins for async code), stream management, `publish` and `read_batches`. None of them starts a JVM;
-only `publish` and `read_batches` import pyarrow, so sensors and checks use the resource freely.
+from an `EnvVar` and the UI shows the variable's name, not its value. Its calls are
+`pyspark_rmqs.handle.StreamsHandle`'s, the same code as the Airflow hook's: watermarks
+(`watermarks`, `tails`, `stored_offsets`, `lag` (total), `lags` (per partition stream),
+`store_watermarks`, and `a...` twins for async code), stream management, `publish`,
+`read_batches` and `spark_options`. None of them starts a JVM; only `publish` and `read_batches`
+import pyarrow, so sensors and checks use the resource freely.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -18,19 +18,16 @@ from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
 from pyspark_rmqs import jobs
-from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.handle import StreamsHandle
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from pyspark_rmqs.redact import redact_option
-from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
-class RabbitMQStreamsResource(ConfigurableResource):
+class RabbitMQStreamsResource(StreamsHandle, ConfigurableResource):
     """Where the streams live. Give `endpoints` or `uris` (a URI's password wins over `password`)."""
 
     endpoints: str | None = Field(default=None, description="Comma-separated host:port (port 5552).")
@@ -77,148 +74,18 @@ class RabbitMQStreamsResource(ConfigurableResource):
         }
         return parse_connection_options({k: _value(v) for k, v in raw.items() if v is not None})
 
-    # The same names, signatures and return shapes as `airflow_rmqs.hooks.RabbitMQStreamHook`
-    # (tests/airflow/test_hook_resource_parity.py); each is one call into the connector. The
-    # metadata calls are bounded by `metadata_timeout_s`.
+    # The shared calls come from `StreamsHandle` (the same code as `airflow_rmqs.hooks.RabbitMQStreamHook`);
+    # the resource provides its connection from its config and bounds sync metadata calls by
+    # `metadata_timeout_s`.
 
-    def watermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> Watermarks:
-        """First offset, tail, stored offset and lag of `consumer_name` per partition stream."""
-        coro = self.awatermarks(consumer_name, stream=stream, superstream=superstream)
-        return run_sync(coro, self.metadata_timeout_s, f"watermarks of '{superstream or stream}'")
+    def _connection(self) -> ConnectionOptions:
+        return self.connection_options()
 
-    def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-        """The next offset to be written, per partition stream."""
-        return self.watermarks("", stream=stream, superstream=superstream).tails()
+    async def _aconnection(self) -> ConnectionOptions:
+        return self.connection_options()
 
-    def stored_offsets(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int | None]:
-        """The watermark (last processed offset) of `consumer_name` per partition stream; None if none."""
-        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.stored for p in w.partitions}
-
-    def lag(self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None) -> int:
-        """Messages published after `consumer_name`'s watermark, summed over partition streams."""
-        return self.watermarks(consumer_name, stream=stream, superstream=superstream).total_lag
-
-    def lags(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int]:
-        """Messages published after `consumer_name`'s watermark, per partition stream."""
-        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.lag for p in w.partitions}
-
-    def store_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
-        """Store the watermarks (last processed offset per stream): only after the sink succeeded."""
-        store_watermarks(self.connection_options(), consumer_name, last_offsets)
-
-    async def awatermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> Watermarks:
-        """`watermarks` in async code (bound it yourself there, e.g. with `asyncio.timeout`)."""
-        return await awatermarks(
-            self.connection_options(), consumer_name, stream=stream, superstream=superstream
-        )
-
-    async def atails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-        return (await self.awatermarks("", stream=stream, superstream=superstream)).tails()
-
-    async def astored_offsets(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int | None]:
-        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.stored for p in w.partitions}
-
-    async def alag(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> int:
-        return (await self.awatermarks(consumer_name, stream=stream, superstream=superstream)).total_lag
-
-    async def alags(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int]:
-        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.lag for p in w.partitions}
-
-    async def astore_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
-        await astore_watermarks(self.connection_options(), consumer_name, last_offsets)
-
-    def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
-        """Create a stream (`arguments` such as `max-length-bytes`); an existing one is left as it is."""
-        BrokerClient(self.connection_options()).create_stream(stream, arguments)
-
-    def delete_stream(self, stream: str) -> None:
-        """Delete a stream and its messages; a missing one is not an error."""
-        BrokerClient(self.connection_options()).delete_stream(stream)
-
-    def create_super_stream(
-        self, superstream: str, partitions: int, arguments: Mapping[str, Any] | None = None
-    ) -> None:
-        """Create a super stream with partitions `<name>-0` .. `<name>-(N-1)` (binding keys "0".."N-1")."""
-        BrokerClient(self.connection_options()).create_super_stream(superstream, partitions, arguments)
-
-    def delete_super_stream(self, superstream: str) -> None:
-        """Delete a super stream and its partition streams; a missing one is not an error."""
-        BrokerClient(self.connection_options()).delete_super_stream(superstream)
-
-    def publish(
-        self,
-        messages: Iterable[Any],
-        *,
-        stream: str | None = None,
-        superstream: str | None = None,
-        producer_name: str | None = None,
-        routing_strategy: str = "hash",
-    ) -> dict[str, int]:
-        """Publish `bytes` / `str` / dict messages (see `pyspark_rmqs.produce`) and wait for every confirm.
-
-        Returns the messages published per partition stream.
-        """
-        from pyspark_rmqs import produce
-        from pyspark_rmqs.broker.writer import WriteSettings
-
-        settings = WriteSettings(producer_name=producer_name, routing_strategy=routing_strategy)
-        return produce.publish(
-            self.connection_options(), messages, stream=stream, superstream=superstream, settings=settings
-        )
-
-    def read_batches(
-        self,
-        stream: str,
-        start: int,
-        end: int,
-        *,
-        metadata_fields: Iterable[str] = (),
-        queue_capacity: int = 10_000,
-        fail_on_data_loss: bool = True,
-    ) -> Iterator[pa.RecordBatch]:
-        """Offsets `[start, end)` of one (partition) stream as Arrow RecordBatches of the source schema.
-
-        Memory is bounded by `queue_capacity`; the watermark is not touched (the assets'
-        `engine="arrow"` reads advance it).
-        """
-        from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-
-        settings = ReadSettings(
-            metadata_fields=tuple(metadata_fields),
-            queue_capacity=queue_capacity,
-            fail_on_data_loss=fail_on_data_loss,
-        )
-        yield from RangeReader(self.connection_options(), stream, start, end, settings)
-
-    def spark_options(
-        self, *, stream: str | None = None, superstream: str | None = None, **extra: str
-    ) -> dict[str, str]:
-        """`spark.read.format("rabbitmq_streams")` options. They hold the password: never log them."""
-        opts = self.connection_options().to_options()
-        if stream is not None:
-            opts["stream"] = stream
-        if superstream is not None:
-            opts["superstream"] = superstream
-        opts.update(extra)
-        return opts
+    def _metadata_timeout_s(self) -> float:
+        return self.metadata_timeout_s
 
     def stream_uri(self, name: str) -> str:
         """`rabbitmq-stream://host:port/vhost/stream`: the stream's identity, without credentials."""

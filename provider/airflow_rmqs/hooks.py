@@ -1,15 +1,14 @@
-"""`RabbitMQStreamHook`: an Airflow connection -> rmqs connection options, plus watermark calls.
+"""`RabbitMQStreamHook`: an Airflow connection -> rmqs connection options, plus the shared calls.
 
-The watermark calls (`watermarks`, `tails`, `stored_offsets`, `lag`, `lags`, `store_watermarks`,
-and `a...` twins for the triggerer) are metadata over the stream protocol
-(`pyspark_rmqs.watermarks`): no message is consumed. pyspark is never imported and pyarrow only by
-`read_batches`, so triggers and sensors can use the hook in the triggerer. Tasks without Spark also
-get stream management (`create_stream`, `delete_stream`, `create_super_stream`,
-`delete_super_stream`), `publish` and `read_batches`. Dagster's `RabbitMQStreamsResource` has the
-same calls with the same signatures and results. The former names `tail`, `stored`, `store` (and
-`atail`, `astored`, `astore`) and the keyword `consumer=` still work, with a DeprecationWarning.
-The password lives in a `SecretStr` inside `ConnectionOptions`; only `spark_options()` reveals
-it, for handing to Spark.
+The calls (watermarks: `watermarks`, `tails`, `stored_offsets`, `lag`, `lags`, `store_watermarks`
+and `a...` twins for the triggerer; stream management; `publish`, `read_batches`, `spark_options`)
+are `pyspark_rmqs.handle.StreamsHandle`'s, the same code as Dagster's `RabbitMQStreamsResource`.
+The hook provides the connection: from the Airflow connection, looked up without blocking on the
+triggerer's event loop, its secrets registered with Airflow's log masker. pyspark is never
+imported and pyarrow only by `read_batches` and `publish`, so triggers and sensors can use the hook
+in the triggerer. The former names `tail`, `stored`, `store` (and `atail`, `astored`, `astore`) and
+the keyword `consumer=` still work, with a DeprecationWarning. The password lives in a `SecretStr`
+inside `ConnectionOptions`; only `spark_options()` reveals it, for handing to Spark.
 """
 
 from __future__ import annotations
@@ -17,13 +16,14 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.errors import ConfigurationError, RmqsError
+from pyspark_rmqs.handle import StreamsHandle
 from pyspark_rmqs.options import (
     CONNECTION_OPTIONS,
     DEFAULT_PORT,
@@ -32,10 +32,6 @@ from pyspark_rmqs.options import (
     parse_connection_options,
 )
 from pyspark_rmqs.redact import secrets_in
-from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks, watermarks
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 CONN_TYPE = "rabbitmq_stream"
 _PREFIX = f"extra__{CONN_TYPE}__"
@@ -147,7 +143,7 @@ async def _amask(secrets: list[str]) -> None:
         await amask_secret(secret)
 
 
-class RabbitMQStreamHook(BaseHook):
+class RabbitMQStreamHook(StreamsHandle, BaseHook):
     """Connection options, watermarks (tails, stored offsets, lag), stream management, publish and read.
 
     :param rabbitmq_stream_conn_id: Airflow connection of type `rabbitmq_stream`.
@@ -184,14 +180,6 @@ class RabbitMQStreamHook(BaseHook):
             self._options = parse_connection_options(raw)
         return self._options
 
-    def spark_options(
-        self, *, stream: str | None = None, superstream: str | None = None, **extra: str
-    ) -> dict[str, str]:
-        """`spark.read/write.format("rabbitmq_streams")` options: the connection, the stream or super
-        stream if given, and `extra`. They hold the password: never log them."""
-        target = {"stream": stream, "superstream": superstream}
-        return {**self.get_conn().to_options(), **{k: v for k, v in target.items() if v is not None}, **extra}
-
     def test_connection(self) -> tuple[bool, str]:
         """Connect and authenticate; the message names the broker version or the error (no secrets)."""
         try:
@@ -202,78 +190,21 @@ class RabbitMQStreamHook(BaseHook):
             return False, f"{type(e).__name__}: connection test failed"
         return True, f"Connected to RabbitMQ {version}"
 
-    # ------------------------------------------------------------------ watermarks (sync)
-    # The same names, signatures and return shapes as `dagster_rmqs.RabbitMQStreamsResource`
-    # (tests/airflow/test_hook_resource_parity.py); each is one call into the connector.
+    # ------------------------------------------------------------------ the shared calls
+    # Watermarks, stream management, publish, read_batches and spark_options come from
+    # `StreamsHandle` (the same code as `dagster_rmqs.RabbitMQStreamsResource`); the hook adds where
+    # its connection comes from, and the former keyword `consumer=` on the calls that took it.
 
-    @_consumer_keyword
-    def watermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> Watermarks:
-        """First offset, tail, stored watermark and lag of `consumer_name` per partition stream."""
-        return watermarks(self.get_conn(), consumer_name, stream=stream, superstream=superstream)
+    def _connection(self) -> ConnectionOptions:
+        return self.get_conn()
 
-    def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-        """The next offset to be written, per partition stream."""
-        return self.watermarks("", stream=stream, superstream=superstream).tails()
+    async def _aconnection(self) -> ConnectionOptions:
+        return await self.aget_conn()
 
-    def stored_offsets(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int | None]:
-        """The broker-stored offset (the watermark) of `consumer_name` per partition stream; None if none."""
-        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.stored for p in w.partitions}
-
-    @_consumer_keyword
-    def lag(self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None) -> int:
-        """Messages published after `consumer_name`'s watermark, summed over partition streams."""
-        return self.watermarks(consumer_name, stream=stream, superstream=superstream).total_lag
-
-    def lags(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int]:
-        """Messages published after `consumer_name`'s watermark, per partition stream."""
-        w = self.watermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.lag for p in w.partitions}
-
-    def store_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
-        """Store the watermarks (last processed offset per stream): only after a sink succeeded."""
-        store_watermarks(self.get_conn(), consumer_name, last_offsets)
-
-    # ------------------------------------------------------------------ watermarks (async)
-
-    @_consumer_keyword
-    async def awatermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> Watermarks:
-        """`watermarks` for the triggerer's event loop."""
-        return await awatermarks(
-            await self.aget_conn(), consumer_name, stream=stream, superstream=superstream
-        )
-
-    async def atails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-        return (await self.awatermarks("", stream=stream, superstream=superstream)).tails()
-
-    async def astored_offsets(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int | None]:
-        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.stored for p in w.partitions}
-
-    @_consumer_keyword
-    async def alag(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> int:
-        return (await self.awatermarks(consumer_name, stream=stream, superstream=superstream)).total_lag
-
-    async def alags(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
-    ) -> dict[str, int]:
-        w = await self.awatermarks(consumer_name, stream=stream, superstream=superstream)
-        return {p.stream: p.lag for p in w.partitions}
-
-    async def astore_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
-        await astore_watermarks(await self.aget_conn(), consumer_name, last_offsets)
+    watermarks = _consumer_keyword(StreamsHandle.watermarks)
+    lag = _consumer_keyword(StreamsHandle.lag)
+    awatermarks = _consumer_keyword(StreamsHandle.awatermarks)
+    alag = _consumer_keyword(StreamsHandle.alag)
 
     # ------------------------------------------------------------------ former names (deprecated)
 
@@ -283,68 +214,3 @@ class RabbitMQStreamHook(BaseHook):
     atail = _deprecated_alias("atail", "atails")
     astored = _deprecated_alias("astored", "astored_offsets")
     astore = _deprecated_alias("astore", "astore_watermarks")
-
-    # ------------------------------------------------------------------ streams and messages (sync)
-
-    def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
-        """Create a stream (`arguments` such as `max-length-bytes`); an existing one is left as it is."""
-        BrokerClient(self.get_conn()).create_stream(stream, arguments)
-
-    def delete_stream(self, stream: str) -> None:
-        """Delete a stream and its messages; a missing one is not an error."""
-        BrokerClient(self.get_conn()).delete_stream(stream)
-
-    def create_super_stream(
-        self, superstream: str, partitions: int, arguments: Mapping[str, Any] | None = None
-    ) -> None:
-        """Create a super stream with partitions `<name>-0` .. `<name>-(N-1)` (binding keys "0".."N-1")."""
-        BrokerClient(self.get_conn()).create_super_stream(superstream, partitions, arguments)
-
-    def delete_super_stream(self, superstream: str) -> None:
-        """Delete a super stream and its partition streams; a missing one is not an error."""
-        BrokerClient(self.get_conn()).delete_super_stream(superstream)
-
-    def publish(
-        self,
-        messages: Iterable[Any],
-        *,
-        stream: str | None = None,
-        superstream: str | None = None,
-        producer_name: str | None = None,
-        routing_strategy: str = "hash",
-    ) -> dict[str, int]:
-        """Publish `bytes` / `str` / dict messages (see `pyspark_rmqs.produce`) and wait for every confirm.
-
-        Returns the messages published per partition stream.
-        """
-        from pyspark_rmqs import produce
-        from pyspark_rmqs.broker.writer import WriteSettings
-
-        settings = WriteSettings(producer_name=producer_name, routing_strategy=routing_strategy)
-        return produce.publish(
-            self.get_conn(), messages, stream=stream, superstream=superstream, settings=settings
-        )
-
-    def read_batches(
-        self,
-        stream: str,
-        start: int,
-        end: int,
-        *,
-        metadata_fields: Iterable[str] = (),
-        queue_capacity: int = 10_000,
-        fail_on_data_loss: bool = True,
-    ) -> Iterator[pa.RecordBatch]:
-        """Offsets `[start, end)` of one (partition) stream as Arrow RecordBatches of the source schema.
-
-        Memory is bounded by `queue_capacity`; the watermark is not touched (see
-        `RabbitMQStreamConsumeOperator` for reads that advance it).
-        """
-        from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-
-        settings = ReadSettings(
-            metadata_fields=tuple(metadata_fields),
-            queue_capacity=queue_capacity,
-            fail_on_data_loss=fail_on_data_loss,
-        )
-        yield from RangeReader(self.get_conn(), stream, start, end, settings)

@@ -1,8 +1,10 @@
 """The Airflow hook and the Dagster resource: the same calls, signatures and results.
 
-Both are thin handles on the connector (`pyspark_rmqs.watermarks`, the broker client, `produce`,
-the range reader), so a user moving between orchestrators types the same calls and gets the same
-values back. Lives with the Airflow tests because Airflow must be configured before its import.
+Both are thin handles on the connector: every shared call is `pyspark_rmqs.handle.StreamsHandle`'s,
+written once, and each side only says where its connection comes from. So a user moving between
+orchestrators types the same calls and gets the same values back, and a call written again in
+one of them (a twin that could drift) fails here. Lives with the Airflow tests because Airflow
+must be configured before its import.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from airflow.sdk import BaseHook
+from dagster import ConfigurableResource
 
 from airflow_rmqs.hooks import RabbitMQStreamHook
 from dagster_rmqs import RabbitMQStreamsResource
 from pyspark_rmqs.errors import StreamNotFoundError
+from pyspark_rmqs.handle import StreamsHandle
 from pyspark_rmqs.watermarks import Watermarks
 from tests.conftest import StreamFactory
 from tests.dagster.conftest import resource_of
@@ -39,20 +44,31 @@ RESOURCE_ONLY = {
 METADATA_CALLS = ("watermarks", "tails", "stored_offsets", "lag", "lags")
 
 
-def own_calls(cls: type) -> dict[str, Callable[..., Any]]:
-    """Public methods the class itself defines (its platform base's and deprecated aliases aside)."""
-    return {
-        name: fn
-        for name, fn in vars(cls).items()
-        if inspect.isfunction(fn) and not name.startswith("_") and not hasattr(fn, "deprecated_for")
-    }
+PLATFORM = {RabbitMQStreamHook: BaseHook, RabbitMQStreamsResource: ConfigurableResource}
+
+
+def public_calls(cls: type) -> dict[str, Callable[..., Any]]:
+    """Public methods of `cls` and its bases, its platform base's and deprecated aliases aside."""
+    platform = PLATFORM.get(cls, object).__mro__
+    calls: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(cls.__mro__):
+        if klass in platform:
+            continue
+        for name, fn in vars(klass).items():
+            if inspect.isfunction(fn) and not name.startswith("_") and not hasattr(fn, "deprecated_for"):
+                calls[name] = fn
+    return calls
+
+
+SHARED = public_calls(StreamsHandle)
 
 
 def test_hook_and_resource_expose_the_same_calls_with_the_same_signatures() -> None:
-    hook, resource = own_calls(RabbitMQStreamHook), own_calls(RabbitMQStreamsResource)
-    assert HOOK_ONLY.keys() <= hook.keys() and RESOURCE_ONLY.keys() <= resource.keys()
+    hook, resource = public_calls(RabbitMQStreamHook), public_calls(RabbitMQStreamsResource)
+    assert HOOK_ONLY.keys() <= vars(RabbitMQStreamHook).keys()
+    assert RESOURCE_ONLY.keys() <= vars(RabbitMQStreamsResource).keys()
     shared = set(hook) - set(HOOK_ONLY)
-    assert shared == set(resource) - set(RESOURCE_ONLY)
+    assert shared == set(resource) - set(RESOURCE_ONLY) == set(SHARED)
     assert {*METADATA_CALLS, "store_watermarks", "publish", "read_batches", "create_stream"} <= shared
     for name in sorted(shared):
         h, r = inspect.signature(hook[name]), inspect.signature(resource[name])
@@ -61,6 +77,23 @@ def test_hook_and_resource_expose_the_same_calls_with_the_same_signatures() -> N
     for name in (*METADATA_CALLS, "store_watermarks"):
         assert f"a{name}" in shared, f"no async twin of {name}"
         assert str(inspect.signature(hook[f"a{name}"])) == str(inspect.signature(hook[name]))
+
+
+def test_every_shared_call_is_the_one_in_streams_handle() -> None:
+    """Neither side writes a shared call again: each is `StreamsHandle`'s function itself, or (for
+    the hook's former keyword `consumer=`) a wrapper around it. A twin in either class fails here."""
+    for cls in (RabbitMQStreamHook, RabbitMQStreamsResource):
+        assert issubclass(cls, StreamsHandle), cls.__name__
+        for name, fn in SHARED.items():
+            found = inspect.getattr_static(cls, name)
+            assert inspect.unwrap(found) is fn, f"{cls.__name__}.{name} is written again: use StreamsHandle's"
+        assert not set(HOOK_ONLY) & set(SHARED) and not set(RESOURCE_ONLY) & set(SHARED)
+        # each side provides its connection, sync and async (the triggerer's path must not block)
+        assert {"_connection", "_aconnection"} <= vars(cls).keys(), cls.__name__
+        assert not inspect.isabstract(cls), cls.__name__
+    wrapped = {n for n in SHARED if inspect.getattr_static(RabbitMQStreamHook, n) is not SHARED[n]}
+    assert wrapped == {"watermarks", "lag", "awatermarks", "alag"}  # the calls that took `consumer=`
+    assert all(inspect.getattr_static(RabbitMQStreamsResource, n) is SHARED[n] for n in SHARED)
 
 
 def test_hook_and_resource_return_equal_values_for_the_same_stream(
@@ -92,12 +125,11 @@ def test_hook_and_resource_return_equal_values_for_the_same_stream(
 
     w = resource.watermarks("par", superstream=name)
     assert isinstance(w, Watermarks) and w.target == name and w.superstream
-    assert hook.tails(superstream=name) == {parts[0]: 7, parts[1]: 3}
-    assert hook.stored_offsets("par", superstream=name) == {parts[0]: 4, parts[1]: 0}
-    assert hook.lag("par", superstream=name) == 4 and hook.lags("par", superstream=name) == {
-        parts[0]: 2,
-        parts[1]: 2,
-    }
+    for handle in (hook, resource):  # equal, and right
+        assert handle.tails(superstream=name) == {parts[0]: 7, parts[1]: 3}
+        assert handle.stored_offsets("par", superstream=name) == {parts[0]: 4, parts[1]: 0}
+        assert handle.lag("par", superstream=name) == 4
+        assert handle.lags("par", superstream=name) == {parts[0]: 2, parts[1]: 2}
     opts = {"superstream": name, "consumerName": "par"}
     assert hook.spark_options(**opts) == resource.spark_options(**opts)
     assert hook.spark_options(**opts)["superstream"] == name and "stream" not in hook.spark_options(**opts)
