@@ -55,7 +55,7 @@ def build_lag_check(
             metadata={
                 "total_lag": MetadataValue.int(w.total_lag),
                 "max_lag": MetadataValue.int(max_lag),
-                "lag": MetadataValue.json({p.stream: p.lag for p in w.partitions}),
+                "lag": MetadataValue.json(w.lags()),
                 "tails": MetadataValue.json(w.tails()),
             },
         )

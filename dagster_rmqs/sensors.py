@@ -194,7 +194,7 @@ def observation_metadata(w: Watermarks) -> Mapping[str, MetadataValue]:
     }
     if w.consumer:
         meta["consumer_name"] = MetadataValue.text(w.consumer)
-        meta["lag"] = MetadataValue.json({p.stream: p.lag for p in w.partitions})
+        meta["lag"] = MetadataValue.json(w.lags())
         meta["total_lag"] = MetadataValue.int(w.total_lag)
     return meta
 
