@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.consume import ParquetSink, run_consume
-from pyspark_rmqs.jobs import RunSummary, plan_read, run_drain, run_read, write_output
+from pyspark_rmqs.jobs import ExecutorReadMetrics, RunSummary, plan_read, run_drain, run_read, write_output
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 
@@ -148,3 +148,18 @@ def test_available_now_drain_brings_the_executors_fetch_and_decode_back(
     assert summary.batches is not None and summary.batches >= 1
     assert summary.delivery == "exactly_once"
     assert summary.commit_ms is not None and summary.commit_ms > 0
+
+
+def test_without_a_spark_context_the_executor_metrics_stay_null() -> None:
+    """Spark Connect has no SparkContext (no accumulators): the fields stay None, the run goes on."""
+
+    class ConnectLike:
+        @property
+        def sparkContext(self) -> Any:
+            raise AttributeError("JVM_ATTRIBUTE_NOT_SUPPORTED")
+
+    summary = RunSummary("s", {"s": 0}, {"s": 1})
+    with ExecutorReadMetrics(ConnectLike()) as metrics:  # type: ignore[arg-type]
+        pass
+    metrics.fill(summary)
+    assert (summary.fetch_ms, summary.decode_ms) == (None, None)
