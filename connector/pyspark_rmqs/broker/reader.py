@@ -127,15 +127,18 @@ class RangeReader:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """The batches, timing the reader's own work (not the caller's between two batches)."""
         batches = self._batches()
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(batches, None)
-            finally:
-                self._busy_s += time.perf_counter() - t
-            if batch is None:
-                return
-            yield batch
+        try:
+            while True:
+                t = time.perf_counter()
+                try:
+                    batch = next(batches, None)
+                finally:
+                    self._busy_s += time.perf_counter() - t
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            batches.close()  # a caller stopping early ends the inner read, and its subscription, with it
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         if self.start >= self.end:
