@@ -61,9 +61,14 @@ def test_range_reader_measures_fetch_and_decode_within_its_wall_time(
 
 
 def test_decode_is_the_chunk_and_batch_work_and_fetch_is_not(
-    broker: BrokerSettings, filled: str, monkeypatch: pytest.MonkeyPatch
+    broker: BrokerSettings,
+    streams,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     """Slow the per-chunk and the per-batch Arrow work down: decode holds both, fetch neither."""
+    s = streams.stream("chunks")
+    for i in range(10):  # ten confirmed publishes of 500: at least ten chunks, at most 500 messages each
+        publish(broker, s, [b"c%05d" % (i * 500 + j) for j in range(500)])
     per_chunk, per_batch = 0.02, 0.1
     add_chunk, flush = BatchBuilder.add_chunk, BatchBuilder.flush
 
@@ -77,7 +82,7 @@ def test_decode_is_the_chunk_and_batch_work_and_fetch_is_not(
 
     monkeypatch.setattr(BatchBuilder, "add_chunk", slow_add_chunk)
     monkeypatch.setattr(BatchBuilder, "flush", slow_flush)
-    reader = RangeReader(conn_of(broker), filled, 0, N, ReadSettings(batch_rows=1000))
+    reader = RangeReader(conn_of(broker), s, 0, N, ReadSettings(batch_rows=1000))
     batches = sum(1 for _ in reader)
     in_chunks, in_batches = per_chunk * reader.chunks, per_batch * batches
     assert reader.chunks >= 10 and batches >= 5, (reader.chunks, batches)
