@@ -35,7 +35,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,7 @@ class RangeReader:
         finally:
             batches.close()  # a caller stopping early ends the inner read, and its subscription, with it
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def _batches(self) -> Generator[pa.RecordBatch, None, None]:
         if self.start >= self.end:
             return
         builder = BatchBuilder(self.stream, self.s.metadata_fields, self.s.strict)
