@@ -21,7 +21,7 @@ from pyspark_rmqs.options import ConnectionOptions
 
 def _consume(conn: ConnectionOptions, stream: str, count: int, sink: object) -> int:
     plan = jobs.plan_read(conn, stream=stream, consumer="bench", start="watermark", persist=False)
-    summary = consume.run_consume(conn, plan, sink, store_watermark=False, metadata_fields="")  # type: ignore[arg-type]
+    summary = consume.run_consume(conn, plan, sink, store_watermark=False, metadata_fields="")
     assert summary.rows == count, (summary.rows, count)
     return count
 

@@ -34,3 +34,15 @@ def test_pushdown_is_read_from_the_planning_frame_and_off_elsewhere() -> None:
         return compat.pushdown_enabled()
 
     assert _main() is True
+
+
+def test_pyspark_still_rebuilds_accumulators_by_id_as_run_metrics_expect() -> None:
+    from pyspark import accumulators
+
+    fn = getattr(accumulators, "_deserialize_accumulator", None)
+    assert fn is not None, "pyspark.accumulators._deserialize_accumulator is gone: update spark/compat.py"
+    assert list(inspect.signature(fn).parameters) == ["aid", "zero_value", "accum_param"]
+    acc = compat.task_accumulator(987_654, 0, accumulators.INT_ACCUMULATOR_PARAM)
+    acc.add(3)
+    assert accumulators._accumulatorRegistry[987_654]._value == 3
+    del accumulators._accumulatorRegistry[987_654]

@@ -129,13 +129,14 @@ def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[p
 def _report(reader: RangeReader) -> None:
     """Add the reader's measured times to the job's metrics accumulator, if the job set one."""
     from pyspark import TaskContext
-    from pyspark.accumulators import _deserialize_accumulator
+
+    from pyspark_rmqs.spark.compat import task_accumulator
 
     tc = TaskContext.get()
     aid = tc.getLocalProperty(METRICS_PROPERTY) if tc is not None else None
     if not aid:
         return
-    acc = _deserialize_accumulator(int(aid), {}, ReadMetrics())
+    acc = task_accumulator(int(aid), {}, ReadMetrics())
     acc.add(
         {
             "fetch_ms": reader.fetch_s * 1000,
