@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from bench.common import connection, fill, report, temp_stream, timed
 from bench.reader import _bare
@@ -19,7 +21,9 @@ from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.options import ConnectionOptions
 
 
-def _consume(conn: ConnectionOptions, stream: str, count: int, sink: object) -> int:
+def _consume(
+    conn: ConnectionOptions, stream: str, count: int, sink: consume.RangeSink | Callable[[Any], Any]
+) -> int:
     plan = jobs.plan_read(conn, stream=stream, consumer="bench", start="watermark", persist=False)
     summary = consume.run_consume(conn, plan, sink, store_watermark=False, metadata_fields="")
     assert summary.rows == count, (summary.rows, count)
