@@ -202,7 +202,7 @@ def drain_asset(
             summary = run_drain(
                 session_of(getattr(context.resources, spark_key)),
                 conn,
-                **t.kw,
+                **t.target.kw(),
                 consumer=consumer,
                 checkpoint=checkpoint_location,
                 output_path=str(out.path),
@@ -210,6 +210,8 @@ def drain_asset(
                 output_options=dict(out.options),
                 source_options=options,
                 timeout_s=drain_timeout_s,
+                pipeline=context.asset_key.to_user_string(),
+                retry_count=context.retry_number,
             )
             return read.result(conn, summary)
 

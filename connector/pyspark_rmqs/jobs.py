@@ -488,6 +488,8 @@ class ExecutorReadMetrics:
         if v.get("readers"):
             summary.fetch_ms = round(v.get("fetch_ms", 0.0), 3)
             summary.decode_ms = round(v.get("decode_ms", 0.0), 3)
+            if summary.bytes is None and "bytes" in v:
+                summary.bytes = int(v["bytes"])  # message bodies the tasks read
 
 
 def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:
@@ -542,12 +544,15 @@ def run_drain(
     output_options: Mapping[str, str] | None = None,
     source_options: Mapping[str, str] | None = None,
     timeout_s: float = 3600.0,
+    pipeline: str | None = None,
+    retry_count: int = 0,
 ) -> RunSummary:
     """An AvailableNow Structured Streaming drain into files; the checkpoint is the source of truth.
 
     The source stores `end - 1` in the broker as each micro-batch commits; Spark commits a batch
     to its source only when it plans the next, so the last batch's watermark is stored here once
-    the query finished.
+    the query finished. What the sink wrote is read from the file sink's own log of the run's
+    batches (`spark.file_sink_log`): Spark reports no output rows for file sinks.
     """
     if not consumer:
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
@@ -605,11 +610,19 @@ def run_drain(
         seconds=round(time.monotonic() - t0, 3),
         lag_after=after.total_lag,
         watermark_stored=bool(last),
+        pipeline=pipeline,
         delivery="exactly_once",  # Spark's file sink commits each micro-batch with the checkpoint
         batches=len(progress),
+        retry_count=retry_count,
         # Spark's own clocks for the checkpoint's offset and commit logs, then the final store.
         commit_ms=round(sum(_spark_commit_ms(p) for p in progress) + store_ms, 3),
     )
+    if progress:
+        from pyspark_rmqs.spark.file_sink_log import written
+
+        out = written(output_path, int(progress[0]["batchId"]), int(progress[-1]["batchId"]), output_format)
+        if out is not None:
+            summary.records_written, summary.bytes_written = out.rows, out.bytes
     metrics.fill(summary)
     return summary
 

@@ -360,6 +360,8 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
                 output_options=values.options(self.output_options, "output_options"),
                 source_options=values.options(self.source_options, "source_options"),
                 timeout_s=float(self.timeout),
+                pipeline=pipeline_of(context),
+                retry_count=retries_of(context),
             )
             self._untag()
         self._summary = summary.to_dict()

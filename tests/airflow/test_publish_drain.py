@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,8 +41,14 @@ def test_publish_then_drain(spark: Any, broker: BrokerSettings, streams, tmp_pat
         source_options={"maxRecordsPerTrigger": "20"},
         timeout=120,
     )
-    summary = drain.execute({})
+    ti = SimpleNamespace(dag_id="lake", task_id="drain", try_number=2)
+    summary = drain.execute({"ti": ti})
     assert summary["rows"] == 50 and summary["lag_after"] == 0 and summary["batches"] >= 2
+    # The standard run metrics: the task's identity and what the file sink committed, measured.
+    assert (summary["pipeline"], summary["retry_count"]) == ("lake/drain", 1)
+    assert summary["records_written"] == 50 and summary["bytes_read"] == sum(len(f"p{i}") for i in range(50))
+    written = sum(p.stat().st_size for p in (tmp_path / "out").glob("part-*.parquet"))
+    assert summary["bytes_written"] == written > 0
     out = sorted(bytes(r.value) for r in spark.read.parquet(str(tmp_path / "out")).collect())
     assert out == sorted(f"p{i}".encode() for i in range(50))
 

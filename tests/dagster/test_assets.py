@@ -246,3 +246,6 @@ def test_available_now_mode_drains_with_a_checkpoint(
     assert (m["dagster/row_count"], m["end_offsets"], m["lag_after"]) == (50, {s: 50}, 0)
     assert values(spark, out) == sorted(bodies)
     assert rabbitmq.stored_offsets("dgd", stream=s) == {s: 49}
+    # The standard run metrics of the drain: its asset key, and what the file sink committed.
+    assert (m["rmqs/pipeline"], m["rmqs/retry_count"], m["rmqs/records_written"]) == ("drained", 0, 50)
+    assert m["rmqs/bytes_read"] == sum(map(len, bodies))

@@ -26,6 +26,7 @@ from tests.support.data import conn_of, publish
 pytestmark = [pytest.mark.broker]
 
 N = 5000
+BODY = 206  # bytes per message body of `filled`
 
 
 @pytest.fixture
@@ -137,22 +138,42 @@ def test_spark_read_brings_the_executors_fetch_and_decode_back(
 def test_available_now_drain_brings_the_executors_fetch_and_decode_back(
     spark: SparkSession, broker: BrokerSettings, filled: str, tmp_path: Path
 ) -> None:
-    summary = run_drain(
-        spark,
-        conn_of(broker),
-        stream=filled,
-        consumer="metrics-drain",
-        checkpoint=str(tmp_path / "ck"),
-        output_path=str(tmp_path / "o"),
-        source_options={"metadataFields": ""},
-    )
-    assert summary.rows == N
+    def drain() -> RunSummary:
+        return run_drain(
+            spark,
+            conn_of(broker),
+            stream=filled,
+            consumer="metrics-drain",
+            checkpoint=str(tmp_path / "ck"),
+            output_path=str(tmp_path / "o"),
+            source_options={"metadataFields": "", "maxRecordsPerTrigger": "2000"},
+            pipeline="dag/drain",
+            retry_count=2,
+        )
+
+    def part_files() -> dict[str, int]:
+        return {p.name: p.stat().st_size for p in (tmp_path / "o").glob("part-*.parquet")}
+
+    summary = drain()
+    assert summary.rows == N and summary.bytes == N * BODY
+    # What the file sink committed, from its own log: every row once, the files' sizes.
+    assert summary.records_written == N
+    assert summary.bytes_written == sum(part_files().values()) > 0
+    assert (summary.pipeline, summary.retry_count) == ("dag/drain", 2)
     assert summary.fetch_ms is not None and summary.fetch_ms > 0
     assert summary.decode_ms is not None and summary.decode_ms > 0
     assert summary.fetch_ms + summary.decode_ms <= summary.seconds * 1000
     assert summary.batches is not None and summary.batches >= 1
     assert summary.delivery == "exactly_once"
     assert summary.commit_ms is not None and summary.commit_ms > 0
+
+    # The next drain counts only what it wrote, not the files of the earlier run.
+    files_before = part_files()
+    publish(broker, filled, [b"n%05d" % i + b"." * 200 for i in range(700)], batch=250)
+    again = drain()
+    new_files = {k: v for k, v in part_files().items() if k not in files_before}
+    assert (again.rows, again.records_written, again.bytes) == (700, 700, 700 * BODY)
+    assert again.bytes_written == sum(new_files.values()) > 0
 
 
 def test_without_a_spark_context_the_executor_metrics_stay_null() -> None:

@@ -117,16 +117,26 @@ def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[p
     reader = RangeReader(
         opts.connection, partition.stream, partition.start, partition.end, read_settings(opts)
     )
+    nbytes = 0
     try:
-        yield from reader
+        for batch in reader:
+            nbytes += _value_bytes(batch)
+            yield batch
     finally:
         try:
-            _report(reader)
+            _report(reader, nbytes)
         except Exception:  # metrics never fail a read (nor hide why it failed)
             log.debug("reporting the read's metrics failed", exc_info=True)
 
 
-def _report(reader: RangeReader) -> None:
+def _value_bytes(batch: pa.RecordBatch) -> int:
+    """Bytes of the message bodies in `batch` (one vectorised sum, as the Spark-free consume counts)."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0)
+
+
+def _report(reader: RangeReader, nbytes: int) -> None:
     """Add the reader's measured times to the job's metrics accumulator, if the job set one."""
     from pyspark import TaskContext
 
@@ -142,6 +152,7 @@ def _report(reader: RangeReader) -> None:
             "fetch_ms": reader.fetch_s * 1000,
             "decode_ms": reader.decode_s * 1000,
             "chunks": reader.chunks,
+            "bytes": nbytes,
             "readers": 1,
         }
     )
