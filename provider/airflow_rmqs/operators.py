@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -43,6 +44,7 @@ from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator, RabbitMQ
 from pyspark_rmqs import jobs
 from pyspark_rmqs.delivery import check_delivery, takes_token
 from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.redact import redact_text
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,6 +78,7 @@ def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
     Host `sc://host` or `host` (port default 15002) with the token in Password (or extra `token`),
     extra `use_ssl` / `user_id` -> `sc://host:15002/;use_ssl=true;token=...`. A host that is a
     Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`) starts a local driver on it instead.
+    Parameter values are percent-encoded (PySpark decodes them): a token may hold `/ ; = +`.
     """
     extra = conn.extra_dejson if conn.extra else {}
     host = (conn.host or "").strip()
@@ -92,10 +95,46 @@ def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
     if str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"):
         params.append("use_ssl=true")
     if extra.get("user_id"):
-        params.append(f"user_id={extra['user_id']}")
+        params.append(f"user_id={quote(str(extra['user_id']), safe='')}")
     if token:
-        params.append(f"token={token}")
+        params.append(f"token={quote(str(token), safe='')}")
     return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None
+
+
+def connect_secrets(remote: str | None, *tokens: str | None) -> list[str]:
+    """What must never show of a Spark Connect session: the URL and its token, in every spelling."""
+    found = [str(t) for t in tokens if t]
+    if remote:
+        found.append(remote)
+        for param in remote.split(";")[1:]:
+            key, _, value = param.partition("=")
+            if key.strip() == "token" and value:
+                found.append(value)
+    spellings = [form for secret in found for form in (secret, unquote(secret), quote(secret, safe=""))]
+    return list(dict.fromkeys(spellings))
+
+
+def connect_session(remote: str, conf: Mapping[str, str], app: str) -> SparkSession:
+    """A new Spark Connect session on `remote`, the task's own (`_untag` releases it at the end).
+
+    Not `getOrCreate()`: that returns the process's existing Connect session whatever the URL, so a
+    second task in one process (`dag.test()`) would run on the first one's server and token. A
+    session that fails to start (a wrong token) is stopped, not left as the process's default.
+    """
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    before = ConnectSession.getActiveSession()
+    builder = SparkSession.builder.remote(remote).appName(app)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.create()
+    except BaseException:
+        failed = ConnectSession.getActiveSession()
+        if failed is not None and failed is not before:  # create() made it the default first
+            failed.stop()
+        raise
 
 
 def _is_connect(spark: Any) -> bool:
@@ -114,7 +153,8 @@ class _SparkOperator(_StreamOperator):
         keeps a token out of DAG code.
 
     `on_kill` (a task marked failed or timed out) interrupts this run's Spark jobs, locally and
-    over Spark Connect, and stops a running streaming query.
+    over Spark Connect, and stops a running streaming query. Over Spark Connect each try has a
+    session of its own, released when its Spark work ends.
     """
 
     def __init__(
@@ -139,17 +179,22 @@ class _SparkOperator(_StreamOperator):
         self._job_tag: str | None = None
         self._query: Any = None
 
+    _spark_secrets: list[str] = []
+    _owns_session = False  # a Connect session this try created, released when it ends
+
     def _remote_and_master(self) -> tuple[str | None, str | None]:
         if not self.spark_conn_id:
+            self._spark_secrets = connect_secrets(self.spark_remote)
             return self.spark_remote, self.spark_master
         from airflow.sdk import BaseHook
         from airflow.sdk.log import mask_secret
 
         conn = BaseHook.get_connection(self.spark_conn_id)
         remote, master = spark_connect_url(conn)
-        for secret in (conn.password, (conn.extra_dejson if conn.extra else {}).get("token"), remote):
-            if secret:
-                mask_secret(secret)
+        token = (conn.extra_dejson if conn.extra else {}).get("token")
+        self._spark_secrets = connect_secrets(remote, conn.password, token)
+        for secret in self._spark_secrets:
+            mask_secret(secret)
         return remote, master or self.spark_master
 
     def spark_session(self) -> SparkSession:
@@ -159,9 +204,21 @@ class _SparkOperator(_StreamOperator):
         """
         require_pyspark(type(self).__name__)
         remote, master = self._remote_and_master()
-        spark = jobs.spark_session(
-            master=master, conf=self.spark_conf, remote=remote, app=self.spark_app_name
-        )
+        try:
+            if remote:
+                spark = connect_session(remote, self.spark_conf, self.spark_app_name)
+                self._owns_session = True
+            else:
+                spark = jobs.spark_session(master=master, conf=self.spark_conf, app=self.spark_app_name)
+        except Exception as e:  # PySpark quotes the whole URL, token included, in some errors
+            text = str(e)
+            clean = redact_text(text, self._spark_secrets)
+            if clean == text:
+                raise
+            what = f"{type(e).__name__}: {clean}"
+            if isinstance(e, ValueError):  # an invalid Connect URL: the same on every retry
+                raise AirflowFailException(what) from None
+            raise RuntimeError(what) from None
         self._job_tag = f"rmqs-{self.task_id}-{uuid.uuid4().hex[:8]}".replace(".", "-")
         # Spark Connect tags the session's operations; a local driver tags this thread's jobs
         # (SparkContext job tags: the session's interruptTag does not reach Dataset actions there).
@@ -173,6 +230,7 @@ class _SparkOperator(_StreamOperator):
         return spark
 
     def _untag(self) -> None:
+        """The end of this try's Spark work: drop its job tag, release the Connect session it created."""
         if self._spark is not None and self._job_tag is not None:
             try:
                 if _is_connect(self._spark):
@@ -181,6 +239,12 @@ class _SparkOperator(_StreamOperator):
                     self._spark.sparkContext.removeJobTag(self._job_tag)
             except Exception:
                 self.log.debug("removing the job tag failed", exc_info=True)
+        if self._spark is not None and self._owns_session:
+            self._spark.stop()  # best effort, never raises; no longer the process's default session
+            self._owns_session = False
+
+    def _spark_stopped(self) -> bool:
+        return bool(getattr(self._spark, "is_stopped", False))  # a released Connect session
 
     def on_kill(self) -> None:
         """Stop this run's streaming query and interrupt its Spark jobs (local or Spark Connect)."""
@@ -190,7 +254,7 @@ class _SparkOperator(_StreamOperator):
                 self.log.info("rmqs: stopped the streaming query %s", self._query.id)
             except Exception:
                 self.log.warning("rmqs: stopping the streaming query failed", exc_info=True)
-        if self._spark is not None and self._job_tag is not None:
+        if self._spark is not None and self._job_tag is not None and not self._spark_stopped():
             try:
                 if _is_connect(self._spark):
                     interrupted = self._spark.interruptTag(self._job_tag)
