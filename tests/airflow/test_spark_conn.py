@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_rmqs.operators import RabbitMQStreamReadOperator, spark_connect_url
+from airflow_rmqs.operators import RabbitMQStreamReadOperator, connect_secrets, spark_connect_url
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, publish
 
@@ -38,6 +38,20 @@ def test_connect_url_from_a_connection_carries_the_token_and_ssl() -> None:
     assert url == "sc://spark.example:15002/;user_id=etl;token=x"
     assert spark_connect_url(Conn("local[2]")) == (None, "local[2]")
     assert spark_connect_url(Conn("spark://master", 7077)) == (None, "spark://master:7077")
+
+
+def test_a_token_with_reserved_characters_survives_the_connect_url() -> None:
+    """PySpark splits the URL's parameters on ';' and '=' and percent-decodes each value."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    token = "a/b+c=d;e%f"
+    url, _ = spark_connect_url(Conn("sc://spark.example", 15002, token, '{"user_id": "etl;x"}'))
+    assert url is not None and token not in url
+    parsed = DefaultChannelBuilder(url)
+    assert (parsed.token, parsed.userId, parsed.endpoint) == (token, "etl;x", "spark.example:15002")
+    # What is masked in logs and redacted from errors: the URL and the token, as typed and encoded.
+    hidden = connect_secrets(url, token)
+    assert {url, token, "a%2Fb%2Bc%3Dd%3Be%25f"} <= set(hidden)
 
 
 def test_spark_conn_id_and_spark_remote_are_exclusive() -> None:
