@@ -413,21 +413,23 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
         require_pyspark(type(self).__name__)
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
-            summary = jobs.run_drain(
-                self.spark_session(),
-                conn,
-                **self._target().kw(),
-                consumer=self.consumer_name,
-                checkpoint=self.checkpoint_location,
-                output_path=self.output_path,
-                output_format=self.output_format,
-                output_options=values.options(self.output_options, "output_options"),
-                source_options=values.options(self.source_options, "source_options"),
-                timeout_s=float(self.timeout),
-                pipeline=pipeline_of(context),
-                retry_count=retries_of(context),
-            )
-            self._untag()
+            try:
+                summary = jobs.run_drain(
+                    self.spark_session(),
+                    conn,
+                    **self._target().kw(),
+                    consumer=self.consumer_name,
+                    checkpoint=self.checkpoint_location,
+                    output_path=self.output_path,
+                    output_format=self.output_format,
+                    output_options=values.options(self.output_options, "output_options"),
+                    source_options=values.options(self.source_options, "source_options"),
+                    timeout_s=float(self.timeout),
+                    pipeline=pipeline_of(context),
+                    retry_count=retries_of(context),
+                )
+            finally:  # a failed drain releases its job tag and its Connect session too
+                self._untag()
         self._summary = summary.to_dict()
         return self._summary
 

@@ -111,3 +111,21 @@ def test_on_kill_interrupts_the_local_spark_job(
     assert err is not None and took < 60
     assert "cancel" in str(err).lower() or "interrupt" in str(err).lower(), err
     assert client(broker).stored_offset("k", s) is None  # the watermark stays: nothing was stored
+
+
+def test_a_failed_drain_releases_its_job_tag(spark: Any, broker: BrokerSettings, tmp_path: Path) -> None:
+    """A drain that fails still ends its try's Spark work: its job tag is dropped (and a Connect
+    session it created is released), so later jobs of the process are not interrupted with it."""
+    from airflow_rmqs.operators import RabbitMQStreamDrainOperator
+
+    op = RabbitMQStreamDrainOperator(
+        task_id="d",
+        stream="rmqs-no-such-stream",
+        consumer_name="c",
+        checkpoint_location=str(tmp_path / "ck"),
+        output_path=str(tmp_path / "out"),
+    )
+    with pytest.raises(Exception, match="does not exist"):
+        op.execute({})
+    assert op._job_tag is not None
+    assert op._job_tag not in spark.sparkContext.getJobTags()
