@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.schema import PROPERTY_NAMES
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -435,8 +436,6 @@ def encode(
     message_annotations: Mapping[str, Any] | None = None,
 ) -> bytes:
     """An AMQP 1.0 message: message-annotations, properties, application-properties, one data section."""
-    from pyspark_rmqs.schema import PROPERTY_NAMES
-
     out: list[bytes] = []
     if message_annotations:
         pairs = [(_enc_str(str(k), sym=True), _enc_any(v)) for k, v in message_annotations.items()]
