@@ -298,6 +298,39 @@ def filter_value(path: str | None, row: Mapping[str, Any]) -> str | None:
     return None if v is None else str(codec.to_text(v))
 
 
+def encode_bodies(values: pa.Array) -> list[bytes]:
+    """Body-only messages (one AMQP data section each) for a whole `value` column, vectorised.
+
+    The same bytes as `codec.encode_body` per value, without a Python step per row: each message
+    is a 5-byte header (`vbin8`, bodies under 256 bytes) or an 8-byte one (`vbin32`) followed by
+    the body; the headers are built as one numpy array and joined to the bodies by Arrow. Needs
+    numpy (`chunks.VECTORISED`) and a column without nulls; `MessageEncoder` checks both.
+    """
+    import numpy as np
+
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary())
+    n = len(values)
+    lens = pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.uint32)
+    short = lens < 256
+    head = np.empty((n, 8), np.uint8)
+    head[:, :3] = (0x00, 0x53, 0x75)  # described type: the data section
+    head[:, 3] = np.where(short, 0xA0, 0xB0)  # vbin8 / vbin32
+    size = lens.astype(">u4").view(np.uint8).reshape(n, 4)
+    head[:, 4] = np.where(short, lens.astype(np.uint8), size[:, 0])
+    head[:, 5:] = size[:, 1:]
+    head_len = np.where(short, 5, 8).astype(np.int64)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(head_len, out=offsets[1:])
+    data = head[np.arange(8)[None, :] < head_len[:, None]]  # each row's first 5 or 8 bytes
+    headers = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    if headers.type != values.type:
+        headers = headers.cast(values.type)
+    separator = pa.scalar(b"", values.type)
+    messages: list[bytes] = pc.binary_join_element_wise(headers, values, separator).to_pylist()
+    return messages
+
+
 class MessageEncoder:
     """One Arrow batch -> (messages, routing keys, filter values); rows numbered across batches.
 
@@ -318,12 +351,15 @@ class MessageEncoder:
         self, batch: pa.RecordBatch
     ) -> tuple[list[bytes], list[str | None] | None, list[str | None] | None]:
         names = batch.schema.names
-        values = batch.column(names.index("value")).to_pylist()
+        values_column = batch.column(names.index("value"))
         base = self.rows_seen
-        self.rows_seen += len(values)
+        self.rows_seen += len(values_column)
         self._check_stream(batch, names, base)
         keys = batch.column(names.index("routing_key")).to_pylist() if "routing_key" in names else None
         if self.body_only:
+            if chunks.VECTORISED and values_column.null_count == 0:
+                return encode_bodies(values_column), keys, None
+            values = values_column.to_pylist()
             msgs = []
             for i, v in enumerate(values):
                 if not isinstance(v, bytes):  # a str, or a null: the error names the row
