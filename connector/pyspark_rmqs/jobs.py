@@ -48,6 +48,7 @@ from pyspark_rmqs.errors import (
 )
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.planning import Bounds, Position, resolve_positions
+from pyspark_rmqs.target import Target
 from pyspark_rmqs.watermarks import (
     pending_plan,
     record_plan,
@@ -87,6 +88,11 @@ class ReadPlan:
     @property
     def is_empty(self) -> bool:
         return not self.ranges
+
+    @property
+    def stream_target(self) -> Target:
+        """The stream or super stream planned, as the one `Target` value."""
+        return Target(self.target, self.superstream)
 
     @property
     def offsets_span(self) -> int:
@@ -167,7 +173,7 @@ def plan_read(
     if max_messages is not None and max_messages < 1:
         raise ConfigurationError(f"max_messages must be at least 1; got {max_messages}")
     w = watermarks(conn, consumer or "", stream=stream, superstream=superstream)
-    seen = {p.stream: p.stored for p in w.partitions}
+    seen = w.stored_offsets()
     watermark_run = bool(consumer) and persist and isinstance(start, str) and start == "watermark"
     pending = pending_plan(conn, w) if watermark_run else {}
     if pending:
@@ -384,7 +390,7 @@ def finish_run(
     if plan.resumed:
         summary.extra["resumed_plan"] = True
     if plan.consumer:
-        summary.lag_after = watermarks(conn, plan.consumer, **_target_kw(plan)).total_lag
+        summary.lag_after = watermarks(conn, plan.consumer, **plan.stream_target.kw()).total_lag
     summary.seconds = round(time.monotonic() - started, 3)
     log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict(), default=str))
     return summary
@@ -527,10 +533,6 @@ def _retention_during(conn: ConnectionOptions, plan: ReadPlan) -> dict[str, list
     return out
 
 
-def _target_kw(plan: ReadPlan) -> dict[str, str]:
-    return {"superstream": plan.target} if plan.superstream else {"stream": plan.target}
-
-
 def run_drain(
     spark: SparkSession,
     conn: ConnectionOptions,
@@ -557,8 +559,9 @@ def run_drain(
     if not consumer:
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
     t0 = time.monotonic()
+    target = Target.of(stream, superstream)
     opts = conn.to_options()
-    opts[_SOURCE("superstream" if superstream else "stream")] = str(superstream or stream)
+    opts[_SOURCE(target.kind)] = target.name
     opts.update(
         {
             _SOURCE("consumer_name"): consumer,
@@ -566,7 +569,7 @@ def run_drain(
             **dict(source_options or {}),
         }
     )
-    before = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    before = watermarks(conn, consumer, **target.kw())
     # The query's thread inherits this thread's local properties when it starts: its tasks report.
     with ExecutorReadMetrics(spark) as metrics:
         q = (
@@ -582,9 +585,7 @@ def run_drain(
         )
     if not q.awaitTermination(int(timeout_s)):
         q.stop()
-        raise TimeoutError(
-            f"the AvailableNow drain of '{superstream or stream}' did not finish in {timeout_s:.0f} s"
-        )
+        raise TimeoutError(f"the AvailableNow drain of '{target.name}' did not finish in {timeout_s:.0f} s")
     if q.exception() is not None:
         raise RuntimeError(f"the drain query failed: {q.exception()}")
     progress = [p for p in q.recentProgress if p.get("sources")]
@@ -595,14 +596,14 @@ def run_drain(
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
-    last = _never_backwards(conn, consumer, last, stream=stream, superstream=superstream)
+    last = _never_backwards(conn, consumer, last, target)
     t_store = time.monotonic()
     if last:
         store_watermarks(conn, consumer, last)
     store_ms = _ms_since(t_store)
-    after = watermarks(conn, consumer, stream=stream, superstream=superstream)
+    after = watermarks(conn, consumer, **target.kw())
     summary = RunSummary(
-        str(superstream or stream),
+        target.name,
         start,
         end,
         rows=rows,
@@ -634,12 +635,12 @@ def _spark_commit_ms(progress: Any) -> float:
 
 
 def _never_backwards(
-    conn: ConnectionOptions, consumer: str, last: dict[str, int], **target: str | None
+    conn: ConnectionOptions, consumer: str, last: dict[str, int], target: Target
 ) -> dict[str, int]:
     """The watermarks of `last` that move forward: a lower one (another run got further) is not stored."""
     if not last:
         return last
-    current = {p.stream: p.stored for p in watermarks(conn, consumer, **target).partitions}
+    current = watermarks(conn, consumer, **target.kw()).stored_offsets()
     behind = {s: (current[s], v) for s, v in last.items() if (current.get(s) or -1) > v}
     if behind:
         log.warning(

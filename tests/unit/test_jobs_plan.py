@@ -97,3 +97,17 @@ def test_a_sink_gets_the_token_only_when_it_asks() -> None:
     jobs._call_sink(lambda df, token: got.append(("token", token.value)), "df", token)
     jobs._call_sink(lambda df, **kw: got.append(("kw", kw["token"].value)), "df", token)
     assert got == [("plain", "df"), ("token", token.value), ("kw", token.value)]
+
+
+def test_a_drain_never_moves_a_watermark_another_run_moved_further(
+    tracking: type[_Tracking],  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A drain ending below what another run already stored keeps that stream's watermark."""
+    from pyspark_rmqs.target import Target
+
+    tracking.stored.update({("etl", "o-0"): 80, ("etl", "o-1"): 10})
+    kept = jobs._never_backwards(_CONN, "etl", {"o-0": 59, "o-1": 99}, Target.of(superstream="o"))
+    assert kept == {"o-1": 99}  # o-0 stays at 80: the drain's 59 is behind it
+    assert "already past this drain" in caplog.text and "'o-0': (80, 59)" in caplog.text
+    assert jobs._never_backwards(_CONN, "etl", {}, Target.of(superstream="o")) == {}
