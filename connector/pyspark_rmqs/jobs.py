@@ -615,8 +615,10 @@ def run_drain(
         delivery="exactly_once",  # Spark's file sink commits each micro-batch with the checkpoint
         batches=len(progress),
         retry_count=retry_count,
-        # Spark's own clocks for the checkpoint's offset and commit logs, then the final store.
-        commit_ms=round(sum(_spark_commit_ms(p) for p in progress) + store_ms, 3),
+        # Spark's own clocks: each batch's sink action (`addBatch`, which runs the executors' read
+        # too, as run_read's flush_ms does), its offset and commit logs, then the final store.
+        flush_ms=round(sum(_duration_ms(p, "addBatch") for p in progress), 3),
+        commit_ms=round(sum(_duration_ms(p, "walCommit", "commitOffsets") for p in progress) + store_ms, 3),
     )
     if progress:
         from pyspark_rmqs.spark.file_sink_log import written
@@ -628,10 +630,10 @@ def run_drain(
     return summary
 
 
-def _spark_commit_ms(progress: Any) -> float:
-    """A micro-batch's offset-log and commit-log writes, as Spark measured them (`durationMs`)."""
+def _duration_ms(progress: Any, *phases: str) -> float:
+    """The time Spark measured for `phases` of one micro-batch (its progress' `durationMs`)."""
     durations = progress.get("durationMs") or {}
-    return float(durations.get("walCommit", 0)) + float(durations.get("commitOffsets", 0))
+    return sum(float(durations.get(phase, 0)) for phase in phases)
 
 
 def _never_backwards(

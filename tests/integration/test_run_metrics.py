@@ -166,6 +166,8 @@ def test_available_now_drain_brings_the_executors_fetch_and_decode_back(
     assert summary.batches is not None and summary.batches >= 1
     assert summary.delivery == "exactly_once"
     assert summary.commit_ms is not None and summary.commit_ms > 0
+    # The sink's Spark actions, as Spark timed them: within the run, and holding the tasks' decoding.
+    assert summary.flush_ms is not None and summary.decode_ms <= summary.flush_ms <= summary.seconds * 1000
 
     # The next drain counts only what it wrote, not the files of the earlier run.
     files_before = part_files()
