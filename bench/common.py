@@ -148,21 +148,34 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, result
 
 
-def best_of(rounds: int, count: int, sides: dict[str, Callable[[int], int]]) -> dict[str, float]:
+def best_measured(rounds: int, sides: dict[str, Callable[[int], float]]) -> dict[str, float]:
     """The best (shortest) seconds of each side over `rounds` rounds, the sides interleaved.
 
     A 2-core machine shared with a broker, a JVM and other processes is noisy: one run per side
     measures whatever else ran at that moment. Interleaving the sides spreads that noise over all of
     them, and the best round is the one least disturbed. Each side is called with the round number
-    (for fresh output paths or consumer names) and must return `count` (rows or messages it saw).
+    (for fresh output paths or consumer names) and returns the seconds it measured itself.
     """
     best: dict[str, float] = {}
     for r in range(rounds):
         for label, side in sides.items():
-            seconds, seen = timed(lambda: side(r))  # noqa: B023
-            assert seen == count, f"{label}: saw {seen:,} of {count:,}"
+            seconds = side(r)
             best[label] = min(best.get(label, seconds), seconds)
     return best
+
+
+def best_of(rounds: int, count: int, sides: dict[str, Callable[[int], int]]) -> dict[str, float]:
+    """`best_measured` of sides timed whole; each must return `count` (the rows or messages it saw)."""
+
+    def timed_side(label: str, side: Callable[[int], int]) -> Callable[[int], float]:
+        def run(r: int) -> float:
+            seconds, seen = timed(lambda: side(r))
+            assert seen == count, f"{label}: saw {seen:,} of {count:,}"
+            return seconds
+
+        return run
+
+    return best_measured(rounds, {label: timed_side(label, side) for label, side in sides.items()})
 
 
 def report(label: str, count: int, seconds: float, baseline_rate: float | None = None) -> float:

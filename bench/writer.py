@@ -1,10 +1,11 @@
 """Writer throughput against a bare rstream producer, in one run against the same broker.
 
-    .venv/bin/python -m bench.writer [--messages N]
+    .venv/bin/python -m bench.writer [--messages N] [--rounds 3]
 
 Both sides publish the same N pre-built messages (100-byte bodies in one AMQP data section) to a
 fresh stream each and stop the clock when the last confirm arrives; publisher setup is excluded
-(one warm-up message, confirmed, before the clock starts). Prints one line per side, the second
+(one warm-up message, confirmed, before the clock starts); each side the best of `--rounds`
+interleaved rounds (bench.common.best_measured). Prints one line per side, the second
 ending in the ratio to the bare producer: `writer: ... 1.05x`.
 """
 
@@ -17,7 +18,7 @@ import time
 from rstream import Producer, RawMessage
 from rstream.producer import ConfirmationStatus
 
-from bench.common import connection, report, temp_stream
+from bench.common import ROUNDS, best_measured, connection, report, temp_stream
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
 from pyspark_rmqs.options import ConnectionOptions
@@ -80,14 +81,22 @@ def _ours(conn: ConnectionOptions, stream: str, count: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
-    n = ap.parse_args().messages
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="best of this many interleaved rounds")
+    args = ap.parse_args()
+    n = args.messages
     conn = connection()
-    with temp_stream(conn, "bench-writer-bare") as stream:
-        secs = asyncio.run(_bare(conn, stream, n))
-    base = report("bare rstream producer", n, secs)
-    with temp_stream(conn, "bench-writer") as stream:
-        secs = _ours(conn, stream, n)
-    report("writer", n, secs, base)
+
+    def bare(_round: int) -> float:
+        with temp_stream(conn, "bench-writer-bare") as stream:
+            return asyncio.run(_bare(conn, stream, n))
+
+    def ours(_round: int) -> float:
+        with temp_stream(conn, "bench-writer") as stream:
+            return _ours(conn, stream, n)
+
+    best = best_measured(args.rounds, {"bare": bare, "ours": ours})
+    base = report("bare rstream producer", n, best["bare"])
+    report("writer", n, best["ours"], base)
 
 
 if __name__ == "__main__":
