@@ -43,17 +43,17 @@ def session(master: str) -> Any:
 
 
 def paced(started: str):  # type: ignore[no-untyped-def]
-    """Pass 1,000 rows per 0.1 s (the reader upstream is held back by it); touch `started` first."""
+    """Pass 2,000 rows per 0.1 s (the reader upstream is held back by it); touch `started` first."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pathlib
         import time
 
         for b in batches:
-            for i in range(0, b.num_rows, 1000):
+            for i in range(0, b.num_rows, 2000):
                 pathlib.Path(started).touch()
                 time.sleep(0.1)
-                yield b.slice(i, 1000)
+                yield b.slice(i, 2000)
 
     return fn
 

@@ -75,29 +75,45 @@ def _assert_measured(xcom: dict[str, Any]) -> None:
         assert isinstance(xcom[k], float) and xcom[k] > 0, (k, xcom[k])
 
 
+def _published(out: Path) -> list[Path]:
+    """The data files readers would see (staging folders and commit records are `_`-prefixed)."""
+    return [p for p in out.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts)]
+
+
 @pytest.mark.spark
-def test_a_read_task_killed_after_its_commit_then_retried_writes_every_offset_once(
-    broker: BrokerSettings, streams: StreamFactory, tmp_path: Path
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", ["sink", "commit", "stored"])
+def test_a_read_task_killed_anywhere_then_retried_writes_every_offset_once(
+    broker: BrokerSettings, streams: StreamFactory, tmp_path: Path, kill: str
 ) -> None:
-    """RabbitMQStreamReadOperator into `output_path`: killed between the commit record and the store."""
+    """RabbitMQStreamReadOperator (Spark) into `output_path`: killed while its files are staged,
+    between the commit record and the watermark store, and after the store; then retried."""
     s = streams.stream("eoa")
     publish(broker, s, [f"m{i}".encode() for i in range(500)])
     out = tmp_path / "out"
     cfg = {"operator": "read", "stream": s, "consumer": "eoa", "out": str(out)}
-    _try(broker, tmp_path, {**cfg, "kill": "commit", "try_number": 1}, killed=True)
+    _try(broker, tmp_path, {**cfg, "kill": kill, "try_number": 1}, killed=True)
     conn = conn_of(broker)
-    assert watermarks(conn, "eoa", stream=s).partitions[0].stored is None  # killed before the store
-    assert _offsets(out) == [(s, o) for o in range(500)]  # committed: readers see the range already
+    assert watermarks(conn, "eoa", stream=s).partitions[0].stored == (499 if kill == "stored" else None)
+    if kill == "sink":
+        assert _published(out) == []  # staged, not published: readers see nothing yet
+    else:
+        assert _offsets(out) == [(s, o) for o in range(500)]  # committed: readers see the range already
 
     xcom = _try(broker, tmp_path, {**cfg, "kill": "none", "try_number": 2}, killed=False)
     assert _offsets(out) == [(s, o) for o in range(500)]  # every offset exactly once
     assert watermarks(conn, "eoa", stream=s).partitions[0].stored == 499  # the range's end
     assert _commit_record(out)["ranges"] == {s: [0, 500]}
-    assert not (out / STAGING).exists()
-    # The retry found the record: it read and wrote nothing, and only stored the watermark.
-    assert xcom["sink_skipped"] is True and xcom["records_written"] == 0 and xcom["watermark_stored"]
+    assert not (out / STAGING).exists() or not any((out / STAGING).iterdir())
     assert (xcom["pipeline"], xcom["retry_count"]) == (f"{DAG_ID}/read", 1)
     assert xcom["delivery"] == "exactly_once"
+    if kill == "sink":  # nothing committed: the retry read and wrote the range again, measuring it
+        assert xcom["records_written"] == 500 and xcom["watermark_stored"] and not xcom.get("sink_skipped")
+        _assert_measured(xcom)
+    if kill == "commit":  # the retry found the record: it wrote nothing and only stored the watermark
+        assert xcom["sink_skipped"] is True and xcom["records_written"] == 0 and xcom["watermark_stored"]
+    if kill == "stored":  # the try had finished: nothing pending, nothing read
+        assert xcom["rows"] == 0 and not xcom["watermark_stored"]
 
 
 @pytest.mark.parametrize("kill", ["sink", "commit", "stored"])

@@ -53,8 +53,11 @@ def test_killed_python_worker_task_retry_returns_the_same_rows(
     broker: BrokerSettings, streams, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     s = streams.stream("fk")
-    # 60 MB: the reader is held back by the paced consumer, so it is mid-read when killed.
-    bodies = [f"k{i:07d}".ljust(1000, ".").encode() for i in range(60_000)]
+    # 240,000 rows of 200 B in two tasks: the paced consumer passes 20,000 rows a second per task,
+    # so each read takes ~6 s, while what can sit between the reader and it (socket buffers, a few
+    # Arrow batches of 8,192 rows: ~1.6 MB each) is a small part of a task's 24 MB. The reader is
+    # held back mid-read when killed, however fast it reads (bigger rows let it finish first).
+    bodies = [f"k{i:07d}".ljust(200, ".").encode() for i in range(240_000)]
     publish(broker, s, bodies, batch=5000)
     out = tmp_path / "rows.parquet"
     cfg = {
