@@ -16,8 +16,9 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.airflow.connect_server import ConnectServer, group_members, run_task_process, start_connect_server
+from tests.airflow.connect_server import run_task_process
 from tests.support.broker import BrokerSettings
+from tests.support.connect_server import ConnectServer, group_members, start_connect_server
 from tests.support.data import client, publish
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.broker, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""The cluster path: Spark Connect against a local Connect server (PySpark's own start script).
+"""The cluster path: Spark Connect against a local Connect server (PySpark's bundled one).
 
 The server auto-registers `rabbitmq_streams` from the installed package; a separate client
 process reads and runs the watermark protocol over Connect, as the Airflow operator
@@ -9,77 +9,31 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 
 from tests.support.broker import BrokerSettings
+from tests.support.connect_server import start_connect_server
 from tests.support.data import client, conn_of, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.slow]
 
-SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+TOKEN = "rmqs-e2e-connect-token"
 
 
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    work = tmp_path_factory.mktemp("connect")
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "PYSPARK_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_PID_DIR": str(work),
-        "SPARK_LOG_DIR": str(work),
-        "SPARK_IDENT_STRING": f"rmqs-test-{port}",
-    }
-    start = [
-        "bash",
-        str(SPARK_HOME / "sbin" / "start-connect-server.sh"),
-        "--master",
-        "local[2]",
-        "--conf",
-        f"spark.connect.grpc.binding.port={port}",
-        "--conf",
-        "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.driver.bindAddress=127.0.0.1",
-    ]
-    subprocess.run(start, env=env, check=True, capture_output=True, timeout=120)
+    """The shared test server (tests/support/connect_server.py), token-protected as in production."""
+    server = start_connect_server(tmp_path_factory.mktemp("connect"), TOKEN)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.5)
-        else:
-            logs = "\n".join(p.read_text()[-3000:] for p in work.glob("*.out"))
-            pytest.fail(f"the Spark Connect server did not listen on {port}:\n{logs}")
-        yield f"sc://127.0.0.1:{port}"
+        yield f"{server.url}/;token={TOKEN}"
     finally:
-        subprocess.run(
-            ["bash", str(SPARK_HOME / "sbin" / "stop-connect-server.sh")],
-            env=env,
-            timeout=120,
-            capture_output=True,
-        )
+        server.stop()
 
 
 CLIENT = textwrap.dedent(
