@@ -291,7 +291,9 @@ def write_output(
     return FileOutput(path, fmt, mode, options, partition_by, check_delivery(delivery))
 
 
-def _observe(df: DataFrame) -> tuple[DataFrame, Any]:
+def observe_counts(df: DataFrame) -> tuple[DataFrame, Any]:
+    """`df` observed for its row count and body bytes (read back with `observed_counts` after the
+    sink's action): a run's and a publish's `rows` / `bytes`, with no extra Spark job."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -302,7 +304,7 @@ def _observe(df: DataFrame) -> tuple[DataFrame, Any]:
     return observed, obs
 
 
-def _observed(obs: Any) -> dict[str, int] | None:
+def observed_counts(obs: Any) -> dict[str, int] | None:
     """The observed row and byte counts, when the sink ran an action on the DataFrame."""
     jo = getattr(obs, "_jo", None)
     try:
@@ -343,14 +345,14 @@ def run_read(
         else:
             try:
                 with ExecutorReadMetrics(spark) as metrics:
-                    df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+                    df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
                     t_sink = time.monotonic()
                     _call_sink(sink, df, token)
                     summary.flush_ms = _ms_since(t_sink)
                 metrics.fill(summary)
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.BEFORE) from None
-            _count(summary, _observed(obs))
+            _count(summary, observed_counts(obs))
             summary.records_written = summary.rows
             summary.batches = 1
         if not plan.fail_on_data_loss:
@@ -420,12 +422,12 @@ def _commit_files(
         if files is None:
             stage = commits.begin(token)
             with ExecutorReadMetrics(spark) as metrics:
-                df, obs = _observe(read_dataframe(spark, conn, plan, **extra))
+                df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
                 t_sink = time.monotonic()
                 sink.write_to(df, str(stage), "overwrite")
                 summary.flush_ms = _ms_since(t_sink)
             metrics.fill(summary)
-            _count(summary, _observed(obs))
+            _count(summary, observed_counts(obs))
             summary.records_written = summary.rows
             summary.batches = 1
             files = commits.publish(token)

@@ -499,7 +499,7 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
                 raise ConfigurationError(
                     f"the dataset to publish needs a 'value' column (binary or string); it has {df.columns}"
                 )
-            df, observation = jobs._observe(df)
+            df, observation = jobs.observe_counts(df)
             try:
                 (
                     df.write.format("rabbitmq_streams")
@@ -511,7 +511,7 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
                 )
             finally:
                 self._untag()
-        counts = jobs._observed(observation)
+        counts = jobs.observed_counts(observation)
         summary = {
             "target": target.name,
             "rows": counts["rows"] if counts else None,
