@@ -12,7 +12,8 @@ connection holding a Spark Connect URL and token). Without Spark (no JVM, no pys
 `RabbitMQStreamProduceOperator` (messages yielded by a callable). Every operator reports
 OpenLineage datasets and a run facet with its offset ranges (`airflow_rmqs.lineage`).
 
-Modules by reason to change: this one holds the Spark operators and their session plumbing;
+Modules by reason to change: this one holds the Spark operators; `airflow_rmqs.spark_sessions`
+how they get a SparkSession (pyspark present, a Connect URL and token from a connection);
 `airflow_rmqs.plain_operators` the operators without Spark (imported here, so every operator is
 `from airflow_rmqs.operators import ...`); `airflow_rmqs.operator_base` what they share (the
 stream target, lineage, the bounded-read parameters of the read and consume operators).
@@ -20,12 +21,10 @@ stream target, lineage, the bounded-read parameters of the read and consume oper
 
 from __future__ import annotations
 
-import importlib.util
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -41,6 +40,14 @@ from airflow_rmqs.operator_base import (
     retries_of,
 )
 from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator, RabbitMQStreamProduceOperator
+from airflow_rmqs.spark_sessions import (
+    SPARK_EXTRA,
+    connect_secrets,
+    connect_session,
+    is_connect,
+    require_pyspark,
+    spark_connect_url,
+)
 from pyspark_rmqs import jobs
 from pyspark_rmqs.delivery import check_delivery, takes_token
 from pyspark_rmqs.errors import ConfigurationError
@@ -49,96 +56,17 @@ from pyspark_rmqs.redact import redact_text
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-SPARK_EXTRA = "rmqs[spark]"
-
 __all__ = [
+    "SPARK_EXTRA",
     "RabbitMQStreamConsumeOperator",
     "RabbitMQStreamDrainOperator",
     "RabbitMQStreamProduceOperator",
     "RabbitMQStreamPublishOperator",
     "RabbitMQStreamReadOperator",
+    "connect_secrets",
     "require_pyspark",
     "spark_connect_url",
 ]
-
-
-def require_pyspark(operator: str) -> None:
-    """Fail the task at once, naming the extra, where pyspark is not installed."""
-    if importlib.util.find_spec("pyspark") is None:
-        raise AirflowFailException(
-            f"{operator} runs Spark, but pyspark is not installed on this worker: install "
-            f"'{SPARK_EXTRA}' (or '{SPARK_EXTRA[:-1]},connect]' for Spark Connect), or use "
-            "RabbitMQStreamConsumeOperator / RabbitMQStreamProduceOperator, which need no Spark"
-        )
-
-
-def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
-    """(Spark Connect URL, master) from an Airflow connection; the URL holds the token.
-
-    Host `sc://host` or `host` (port default 15002) with the token in Password (or extra `token`),
-    extra `use_ssl` / `user_id` -> `sc://host:15002/;use_ssl=true;token=...`. A host that is a
-    Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`) starts a local driver on it instead.
-    Parameter values are percent-encoded (PySpark decodes them): a token may hold `/ ; = +`.
-    """
-    extra = conn.extra_dejson if conn.extra else {}
-    host = (conn.host or "").strip()
-    if not host:
-        raise AirflowFailException(f"Spark connection '{conn.conn_id}' has no host")
-    if host.startswith(("local", "spark://", "yarn", "k8s://", "mesos://")):
-        return None, host if not conn.port or "://" not in host else f"{host}:{conn.port}"
-    base = host[len("sc://") :] if host.startswith("sc://") else host
-    base = base.rstrip("/")
-    if ":" not in base.split("/")[0]:
-        base = f"{base}:{conn.port or 15002}"
-    params = []
-    token = conn.password or extra.get("token")
-    if str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"):
-        params.append("use_ssl=true")
-    if extra.get("user_id"):
-        params.append(f"user_id={quote(str(extra['user_id']), safe='')}")
-    if token:
-        params.append(f"token={quote(str(token), safe='')}")
-    return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None
-
-
-def connect_secrets(remote: str | None, *tokens: str | None) -> list[str]:
-    """What must never show of a Spark Connect session: the URL and its token, in every spelling."""
-    found = [str(t) for t in tokens if t]
-    if remote:
-        found.append(remote)
-        for param in remote.split(";")[1:]:
-            key, _, value = param.partition("=")
-            if key.strip() == "token" and value:
-                found.append(value)
-    spellings = [form for secret in found for form in (secret, unquote(secret), quote(secret, safe=""))]
-    return list(dict.fromkeys(spellings))
-
-
-def connect_session(remote: str, conf: Mapping[str, str], app: str) -> SparkSession:
-    """A new Spark Connect session on `remote`, the task's own (`_untag` releases it at the end).
-
-    Not `getOrCreate()`: that returns the process's existing Connect session whatever the URL, so a
-    second task in one process (`dag.test()`) would run on the first one's server and token. A
-    session that fails to start (a wrong token) is stopped, not left as the process's default.
-    """
-    from pyspark.sql import SparkSession
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    before = ConnectSession.getActiveSession()
-    builder = SparkSession.builder.remote(remote).appName(app)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    try:
-        return builder.create()
-    except BaseException:
-        failed = ConnectSession.getActiveSession()
-        if failed is not None and failed is not before:  # create() made it the default first
-            failed.stop()
-        raise
-
-
-def _is_connect(spark: Any) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 class _SparkOperator(_StreamOperator):
@@ -222,7 +150,7 @@ class _SparkOperator(_StreamOperator):
         self._job_tag = f"rmqs-{self.task_id}-{uuid.uuid4().hex[:8]}".replace(".", "-")
         # Spark Connect tags the session's operations; a local driver tags this thread's jobs
         # (SparkContext job tags: the session's interruptTag does not reach Dataset actions there).
-        if _is_connect(spark):
+        if is_connect(spark):
             spark.addTag(self._job_tag)
         else:
             spark.sparkContext.addJobTag(self._job_tag)
@@ -233,7 +161,7 @@ class _SparkOperator(_StreamOperator):
         """The end of this try's Spark work: drop its job tag, release the Connect session it created."""
         if self._spark is not None and self._job_tag is not None:
             try:
-                if _is_connect(self._spark):
+                if is_connect(self._spark):
                     self._spark.removeTag(self._job_tag)
                 else:
                     self._spark.sparkContext.removeJobTag(self._job_tag)
@@ -256,7 +184,7 @@ class _SparkOperator(_StreamOperator):
                 self.log.warning("rmqs: stopping the streaming query failed", exc_info=True)
         if self._spark is not None and self._job_tag is not None and not self._spark_stopped():
             try:
-                if _is_connect(self._spark):
+                if is_connect(self._spark):
                     interrupted = self._spark.interruptTag(self._job_tag)
                 else:
                     interrupted = self._spark.sparkContext.cancelJobsWithTag(self._job_tag)

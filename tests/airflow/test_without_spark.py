@@ -5,6 +5,7 @@ Every test runs against the real broker and counts offsets exactly; none of them
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -16,7 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_rmqs import operators
 from airflow_rmqs.hooks import RabbitMQStreamHook
 from airflow_rmqs.operators import (
     RabbitMQStreamConsumeOperator,
@@ -325,9 +325,9 @@ def test_orchestrator_imports_load_neither_pyspark_nor_pyarrow() -> None:
 def test_spark_operator_without_pyspark_fails_at_once_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    real = operators.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        operators.importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a)
     )
     op = RabbitMQStreamReadOperator(task_id="r", stream="any", consumer_name="c", output_path=str(tmp_path))
     with pytest.raises(AirflowFailException, match=r"rmqs\[spark\]"):

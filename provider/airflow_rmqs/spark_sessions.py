@@ -1,0 +1,101 @@
+"""How a Spark operator gets its SparkSession: pyspark present, a Spark Connect URL (with its token)
+from an Airflow connection, a task's own Connect session.
+
+Apart from the operators (airflow_rmqs.operators) because it changes with PySpark's and Spark
+Connect's rules (URL syntax, session creation, what must be masked), not with the watermark
+protocol. Nothing here imports pyspark at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from airflow.sdk.exceptions import AirflowFailException
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SPARK_EXTRA = "rmqs[spark]"
+
+
+def require_pyspark(operator: str) -> None:
+    """Fail the task at once, naming the extra, where pyspark is not installed."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise AirflowFailException(
+            f"{operator} runs Spark, but pyspark is not installed on this worker: install "
+            f"'{SPARK_EXTRA}' (or '{SPARK_EXTRA[:-1]},connect]' for Spark Connect), or use "
+            "RabbitMQStreamConsumeOperator / RabbitMQStreamProduceOperator, which need no Spark"
+        )
+
+
+def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
+    """(Spark Connect URL, master) from an Airflow connection; the URL holds the token.
+
+    Host `sc://host` or `host` (port default 15002) with the token in Password (or extra `token`),
+    extra `use_ssl` / `user_id` -> `sc://host:15002/;use_ssl=true;token=...`. A host that is a
+    Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`) starts a local driver on it instead.
+    Parameter values are percent-encoded (PySpark decodes them): a token may hold `/ ; = +`.
+    """
+    extra = conn.extra_dejson if conn.extra else {}
+    host = (conn.host or "").strip()
+    if not host:
+        raise AirflowFailException(f"Spark connection '{conn.conn_id}' has no host")
+    if host.startswith(("local", "spark://", "yarn", "k8s://", "mesos://")):
+        return None, host if not conn.port or "://" not in host else f"{host}:{conn.port}"
+    base = host[len("sc://") :] if host.startswith("sc://") else host
+    base = base.rstrip("/")
+    if ":" not in base.split("/")[0]:
+        base = f"{base}:{conn.port or 15002}"
+    params = []
+    token = conn.password or extra.get("token")
+    if str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"):
+        params.append("use_ssl=true")
+    if extra.get("user_id"):
+        params.append(f"user_id={quote(str(extra['user_id']), safe='')}")
+    if token:
+        params.append(f"token={quote(str(token), safe='')}")
+    return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None
+
+
+def connect_secrets(remote: str | None, *tokens: str | None) -> list[str]:
+    """What must never show of a Spark Connect session: the URL and its token, in every spelling."""
+    found = [str(t) for t in tokens if t]
+    if remote:
+        found.append(remote)
+        for param in remote.split(";")[1:]:
+            key, _, value = param.partition("=")
+            if key.strip() == "token" and value:
+                found.append(value)
+    spellings = [form for secret in found for form in (secret, unquote(secret), quote(secret, safe=""))]
+    return list(dict.fromkeys(spellings))
+
+
+def connect_session(remote: str, conf: Mapping[str, str], app: str) -> SparkSession:
+    """A new Spark Connect session on `remote`, the task's own (`_untag` releases it at the end).
+
+    Not `getOrCreate()`: that returns the process's existing Connect session whatever the URL, so a
+    second task in one process (`dag.test()`) would run on the first one's server and token. A
+    session that fails to start (a wrong token) is stopped, not left as the process's default.
+    """
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    before = ConnectSession.getActiveSession()
+    builder = SparkSession.builder.remote(remote).appName(app)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.create()
+    except BaseException:
+        failed = ConnectSession.getActiveSession()
+        if failed is not None and failed is not before:  # create() made it the default first
+            failed.stop()
+        raise
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (a client, no SparkContext)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
