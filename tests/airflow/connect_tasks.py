@@ -17,6 +17,8 @@ import time
 import traceback
 from typing import Any
 
+from tests.support.threads import start_capturing
+
 
 class JobWatch:
     """A Spark Connect progress handler: the operations the server reported Spark stages for.
@@ -82,17 +84,8 @@ def kill(stream: str, consumer: str, url: str, token: str) -> dict[str, Any]:
         process=long_job,
         spark_conn_id="spark_connect",
     )
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            op.execute({})
-        except BaseException as e:
-            failure.append(e)
-
-    task = threading.Thread(target=run, daemon=True)
     t0 = time.monotonic()
-    task.start()
+    task, failure = start_capturing(lambda: op.execute({}))
     try:
         task_op = WATCH.wait_for_new(set(), task)
     except AssertionError as e:
@@ -105,18 +98,13 @@ def kill(stream: str, consumer: str, url: str, token: str) -> dict[str, Any]:
     # Another session on the server (another task, another user) with a long query of its own.
     other_session = SparkSession.builder.remote(f"{url}/;token={quote(token, safe='')}").create()
     other_session.registerProgressHandler(WATCH)
-    other_failure: list[BaseException] = []
     other_result: list[Any] = []
 
     def other_query() -> None:
         other_session.addTag("other")
-        try:
-            other_result.append(other_session.range(0, 10**13, 1, 2).selectExpr("sum(id % 5)").collect())
-        except BaseException as e:
-            other_failure.append(e)
+        other_result.append(other_session.range(0, 10**13, 1, 2).selectExpr("sum(id % 5)").collect())
 
-    other = threading.Thread(target=other_query, daemon=True)
-    other.start()
+    other, other_failure = start_capturing(other_query)
     other_op = WATCH.wait_for_new({task_op}, other)  # submitted; its tasks wait for the task's cores
     assert task.is_alive() and other.is_alive(), (failure, other_failure)
 

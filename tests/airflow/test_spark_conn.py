@@ -4,7 +4,6 @@ interrupts the task's Spark jobs (locally, and over Spark Connect).
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from airflow_rmqs.operators import RabbitMQStreamReadOperator, connect_secrets, spark_connect_url
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, publish
+from tests.support.threads import start_capturing
 
 pytestmark = [pytest.mark.airflow]
 
@@ -73,16 +73,7 @@ def _long_job(df: Any, context: Any) -> None:
 def _run_and_kill(
     op: RabbitMQStreamReadOperator, wait_s: float = 120.0
 ) -> tuple[BaseException | None, float]:
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            op.execute({})
-        except BaseException as e:
-            failure.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, failure = start_capturing(lambda: op.execute({}))
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:  # until the long job runs (a kill before it would not stop it)
         spark = op._spark
