@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import psutil
 
@@ -177,3 +178,12 @@ def assert_exact(rows: Sequence[tuple[str, int, bytes]], expected: dict[str, lis
             f"first gap at {next((i for i, o in enumerate(offsets) if o != i), None)})"
         )
         assert [v for _, v in got] == want, f"{stream}: bodies differ from what was published"
+
+
+def output_offsets(out: Path) -> list[tuple[str, int]]:
+    """Every (stream, offset) a Parquet reader sees under `out`, sorted: staged files and commit
+    records are `_`-prefixed and ignored, `rmqs_run=<token>` folders read as a hive partition."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["stream", "offset"])
+    return sorted(zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True))

@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.dataset as ds
 import pytest
 
 from pyspark_rmqs.delivery import COMMITS, STAGING
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.e2e.faults.airflow_job import DAG_ID, XCOM
+from tests.e2e.faults.support import output_offsets
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import conn_of, publish
 
@@ -56,12 +56,6 @@ def _try(broker: BrokerSettings, tmp_path: Path, cfg: dict[str, Any], *, killed:
     lines = [x for x in done.stdout.splitlines() if x.startswith(XCOM)]
     assert len(lines) == 1, done.stdout[-3000:]
     return dict(json.loads(lines[0][len(XCOM) :]))
-
-
-def _offsets(out: Path) -> list[tuple[str, int]]:
-    """Every (stream, offset) readers see: staged files and commit records are `_`-prefixed, ignored."""
-    table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["stream", "offset"])
-    return sorted(zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True))
 
 
 def _commit_record(out: Path) -> dict[str, Any]:
@@ -98,10 +92,10 @@ def test_a_read_task_killed_anywhere_then_retried_writes_every_offset_once(
     if kill == "sink":
         assert _published(out) == []  # staged, not published: readers see nothing yet
     else:
-        assert _offsets(out) == [(s, o) for o in range(500)]  # committed: readers see the range already
+        assert output_offsets(out) == [(s, o) for o in range(500)]  # committed: readers see the range already
 
     xcom = _try(broker, tmp_path, {**cfg, "kill": "none", "try_number": 2}, killed=False)
-    assert _offsets(out) == [(s, o) for o in range(500)]  # every offset exactly once
+    assert output_offsets(out) == [(s, o) for o in range(500)]  # every offset exactly once
     assert watermarks(conn, "eoa", stream=s).partitions[0].stored == 499  # the range's end
     assert _commit_record(out)["ranges"] == {s: [0, 500]}
     assert not (out / STAGING).exists() or not any((out / STAGING).iterdir())
@@ -132,7 +126,7 @@ def test_a_consume_task_killed_anywhere_then_retried_writes_every_offset_once(
     assert stored == dict.fromkeys(parts, 299 if kill == "stored" else None)
 
     xcom = _try(broker, tmp_path, {**cfg, "kill": "none", "try_number": 2}, killed=False)
-    assert _offsets(out) == sorted((p, o) for p in parts for o in range(300))  # every offset once
+    assert output_offsets(out) == sorted((p, o) for p in parts for o in range(300))  # every offset once
     stored = {p.stream: p.stored for p in watermarks(conn, "eoc", superstream=name).partitions}
     assert stored == dict.fromkeys(parts, 299)  # the range's end
     assert _commit_record(out)["ranges"] == {p: [0, 300] for p in parts}

@@ -7,22 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 
 from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.delivery import COMMITS
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
+from tests.e2e.faults.support import output_offsets
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import conn_of, publish
 
 pytestmark = [pytest.mark.broker]
-
-
-def _offsets(out: Path) -> list[tuple[str, int]]:
-    table = ds.dataset(str(out), format="parquet").to_table(columns=["stream", "offset"])
-    return sorted(zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True))
 
 
 @pytest.mark.parametrize("kill", ["sink", "commit", "stored"])
@@ -55,7 +50,7 @@ def test_a_consume_run_killed_anywhere_then_retried_writes_every_offset_once(
     retry = jobs.plan_read(conn, superstream=name, consumer="eoc")
     summary = consume.run_consume(conn, retry, consume.ParquetSink(str(out)))
     expected = sorted((p, o) for p in parts for o in range(300))
-    assert _offsets(out) == expected  # every (stream, offset) exactly once
+    assert output_offsets(out) == expected  # every (stream, offset) exactly once
     assert {
         p.stream: p.stored for p in watermarks(conn, "eoc", superstream=name).partitions
     } == dict.fromkeys(parts, 299)
