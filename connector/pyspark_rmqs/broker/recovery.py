@@ -88,10 +88,6 @@ class Backoff:
         self.started = time.monotonic()
         self.delay = FIRST_DELAY_S
 
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
 
 # Timeouts of the synchronous waits (`run_sync`) around broker calls, named by what they bound.
 # A call that may wait out a restart (a patient metadata call, one that retries) must allow the
