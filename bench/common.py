@@ -148,23 +148,67 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, result
 
 
-def best_measured(rounds: int, sides: dict[str, Callable[[int], float]]) -> dict[str, float]:
+def broker_cpu_s() -> float | None:
+    """CPU seconds (user + system) the local RabbitMQ has used so far, or None when none runs here.
+
+    The benches share the machine with the broker: where the broker's own work per message or per
+    chunk sets the pace, no client can go faster than the broker's CPU time for the same messages.
+    Printing it beside each side's time shows which side is waiting on whom. Only a broker on this
+    machine can be measured (not one `RMQS_TEST_URI` points at elsewhere).
+    """
+    total = 0.0
+    found = False
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if name != "beam.smp":
+            continue
+        fields = rest.split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15)
+        found = True
+    return total if found else None
+
+
+def best_measured(
+    rounds: int,
+    sides: dict[str, Callable[[int], float]],
+    broker_cpu: dict[str, float] | None = None,
+) -> dict[str, float]:
     """The best (shortest) seconds of each side over `rounds` rounds, the sides interleaved.
 
     A 2-core machine shared with a broker, a JVM and other processes is noisy: one run per side
     measures whatever else ran at that moment. Interleaving the sides spreads that noise over all of
     them, and the best round is the one least disturbed. Each side is called with the round number
     (for fresh output paths or consumer names) and returns the seconds it measured itself.
+
+    With `broker_cpu`, it receives the local broker's CPU seconds during each side's best round
+    (the whole call, so slightly more than the measured seconds cover), when a broker runs here.
     """
     best: dict[str, float] = {}
     for r in range(rounds):
         for label, side in sides.items():
+            before = broker_cpu_s()
             seconds = side(r)
-            best[label] = min(best.get(label, seconds), seconds)
+            after = broker_cpu_s()
+            if seconds < best.get(label, float("inf")):
+                best[label] = seconds
+                if broker_cpu is not None and before is not None and after is not None:
+                    broker_cpu[label] = after - before
     return best
 
 
-def best_of(rounds: int, count: int, sides: dict[str, Callable[[int], int]]) -> dict[str, float]:
+def best_of(
+    rounds: int,
+    count: int,
+    sides: dict[str, Callable[[int], int]],
+    broker_cpu: dict[str, float] | None = None,
+) -> dict[str, float]:
     """`best_measured` of sides timed whole; each must return `count` (the rows or messages it saw)."""
 
     def timed_side(label: str, side: Callable[[int], int]) -> Callable[[int], float]:
@@ -175,13 +219,37 @@ def best_of(rounds: int, count: int, sides: dict[str, Callable[[int], int]]) -> 
 
         return run
 
-    return best_measured(rounds, {label: timed_side(label, side) for label, side in sides.items()})
+    timed_sides = {label: timed_side(label, side) for label, side in sides.items()}
+    return best_measured(rounds, timed_sides, broker_cpu)
 
 
-def report(label: str, count: int, seconds: float, baseline_rate: float | None = None) -> float:
+def report(
+    label: str,
+    count: int,
+    seconds: float,
+    baseline_rate: float | None = None,
+    broker_cpu: float | None = None,
+) -> float:
+    """Print `label: rate msg/s (count in seconds)`, the ratio to `baseline_rate`, the broker's CPU."""
     rate = count / seconds
     line = f"{label}: {rate:,.0f} msg/s ({count:,} in {seconds:.2f} s)"
     if baseline_rate:
         line += f", {rate / baseline_rate:.2f}x"
+    if broker_cpu is not None:
+        line += f"; broker CPU {broker_cpu:.2f} s"
     print(line, flush=True)
     return rate
+
+
+def broker_bound(count: int, bare_s: float, broker_s: float | None, target: float = 1.5) -> None:
+    """Print the time a `target` ratio to the bare producer allows beside the broker's own CPU
+    seconds for the same messages, published one entry per message: the broker appends a stream's
+    entries on about one core, so that CPU time bounds any client's time on this machine."""
+    if broker_s is None:
+        return
+    budget = bare_s / target
+    print(
+        f"broker-bound: {target}x the bare producer means {count:,} messages in {budget:.2f} s; "
+        f"the broker alone spent {broker_s:.2f} s of CPU on them ({broker_s / budget:.0%} of that)",
+        flush=True,
+    )

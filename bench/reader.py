@@ -1,12 +1,15 @@
 """Reader throughput against a bare rstream consumer, on chunks as producers in the field make them.
 
-    .venv/bin/python -m bench.reader [--messages N] [--batches 100,1000,10000] [--rounds 3]
+    .venv/bin/python -m bench.reader [--messages N] [--batches 100,1000,10000] [--rounds 5]
 
 For each publish-batch size B, N 100-byte messages go into a fresh stream through rstream's own
 `Producer.send_batch` of B messages per call (about one chunk per call; the average messages per
 chunk the broker made is printed). Then, on that stream, in one run: the bare rstream consumer,
 `RangeReader` with the fixed columns and with all metadata columns, each the best of `--rounds`
-interleaved rounds (bench.common.best_of). Prints one line per side and a
+interleaved rounds (bench.common.best_of; 5 here, not 3: on the 2-core machine the same 1 M-message
+read of 50-message chunks took 1.3 to 3.9 s, broker CPU 1.35 to 2.8 s, in 14 back-to-back runs, so
+3 rounds could all land in the slow half). Prints one line per side, with the local broker's CPU
+seconds in its best round, and a
 summary line per size:
 `B=100 (100.0 msg/chunk): bare 380,000 msg/s; fixed columns 1.52x; all metadata 0.95x`.
 """
@@ -18,12 +21,13 @@ import asyncio
 
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
-from bench.common import ROUNDS, best_of, chunk_stats, connection, fill_batches, report, temp_stream
+from bench.common import best_of, chunk_stats, connection, fill_batches, report, temp_stream
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.schema import METADATA_FIELDS
 
 BATCHES = "100,1000,10000"
+ROUNDS = 5
 
 
 async def _bare(conn: ConnectionOptions, stream: str, count: int) -> int:
@@ -77,6 +81,7 @@ def main() -> None:
             fill_batches(conn, stream, n, size)
             per_chunk = chunk_stats(conn, stream, n)  # also warms the connection pool and imports
             print(f"-- send_batch of {size:,}: {per_chunk:,.1f} messages per chunk on average", flush=True)
+            cpu: dict[str, float] = {}
             best = best_of(
                 args.rounds,
                 n,
@@ -85,10 +90,11 @@ def main() -> None:
                     "fixed": lambda _r: _ours(conn, stream, n, ()),
                     "meta": lambda _r: _ours(conn, stream, n, METADATA_FIELDS),
                 },
+                cpu,
             )
-            base = report("bare rstream consumer", n, best["bare"])
-            fixed = report("RangeReader fixed columns", n, best["fixed"], base)
-            meta = report("RangeReader all metadata", n, best["meta"], base)
+            base = report("bare rstream consumer", n, best["bare"], broker_cpu=cpu.get("bare"))
+            fixed = report("RangeReader fixed columns", n, best["fixed"], base, cpu.get("fixed"))
+            meta = report("RangeReader all metadata", n, best["meta"], base, cpu.get("meta"))
             summary.append(
                 f"reader B={size} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
                 f"fixed columns {fixed / base:.2f}x; all metadata {meta / base:.2f}x"

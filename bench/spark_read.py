@@ -118,6 +118,7 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
         ending = {p: min(WARMUP, c) for p, c in counts.items()}
         for fields in ("", None):  # JVM, Python workers, imports and broker connections
             _spark_read(spark, name, fields, ending)
+        cpu: dict[str, float] = {}
         best = best_of(
             rounds,
             n,
@@ -126,10 +127,11 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
                 "fixed": lambda _r: _spark_read(spark, name, ""),
                 "meta": lambda _r: _spark_read(spark, name, None),
             },
+            cpu,
         )
-        base = report("bare rstream consumer", n, best["bare"])
-        fixed = report("spark fixed columns", n, best["fixed"], base)
-        meta = report("spark all metadata", n, best["meta"], base)
+        base = report("bare rstream consumer", n, best["bare"], broker_cpu=cpu.get("bare"))
+        fixed = report("spark fixed columns", n, best["fixed"], base, cpu.get("fixed"))
+        meta = report("spark all metadata", n, best["meta"], base, cpu.get("meta"))
     return (
         f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
         f"fixed columns {fixed / base:.2f}x; all metadata {meta / base:.2f}x"

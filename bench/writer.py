@@ -5,8 +5,15 @@
 Both sides publish the same N pre-built messages (100-byte bodies in one AMQP data section) to a
 fresh stream each and stop the clock when the last confirm arrives; publisher setup is excluded
 (one warm-up message, confirmed, before the clock starts); each side the best of `--rounds`
-interleaved rounds (bench.common.best_measured). Prints one line per side, the second
-ending in the ratio to the bare producer: `writer: ... 1.05x`.
+interleaved rounds (bench.common.best_measured). Prints one line per side, with the ratio to
+the bare producer and the local broker's CPU seconds in that side's best round:
+`writer: ... 1.05x; broker CPU 2.05 s`.
+
+A third side publishes the same messages with `subEntrySize=100` (opt-in: one sub-entry of 100
+messages per publishing id, so the broker handles a hundredth of the entries; deduplication is not
+guaranteed then). The broker's CPU per message is the same for both producers with one entry per
+message: where it is close to the bare producer's whole time, that is the ceiling any client meets
+on this machine, and the last line says so: `broker-bound: ...`.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import time
 from rstream import Producer, RawMessage
 from rstream.producer import ConfirmationStatus
 
-from bench.common import ROUNDS, best_measured, connection, report, temp_stream
+from bench.common import ROUNDS, best_measured, broker_bound, connection, report, temp_stream
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
 from pyspark_rmqs.options import ConnectionOptions
@@ -26,6 +33,7 @@ from pyspark_rmqs.options import ConnectionOptions
 BODY = b"x" * 100
 BARE_BATCH = 5_000  # messages per rstream send_batch: one publish frame each (~585 KB < frame_max)
 OUR_BATCH = 10_000  # messages per StreamProducer.send()
+SUB_ENTRY_SIZE = 100  # the opt-in side's messages per sub-entry
 
 
 async def _bare(conn: ConnectionOptions, stream: str, count: int) -> float:
@@ -63,10 +71,10 @@ async def _bare(conn: ConnectionOptions, stream: str, count: int) -> float:
     return seconds
 
 
-def _ours(conn: ConnectionOptions, stream: str, count: int) -> float:
+def _ours(conn: ConnectionOptions, stream: str, count: int, settings: WriteSettings | None = None) -> float:
     """`StreamProducer.send()` in batches of 10,000, then `flush()`; seconds from first send to flush."""
     messages = [encode(BODY) for _ in range(count)]
-    with StreamProducer(conn, stream, superstream=False, settings=WriteSettings()) as p:
+    with StreamProducer(conn, stream, superstream=False, settings=settings or WriteSettings()) as p:
         p.send([encode(BODY)])  # warm-up: pool connection and publisher declaration outside the clock
         p.flush()
         start = time.perf_counter()
@@ -94,9 +102,16 @@ def main() -> None:
         with temp_stream(conn, "bench-writer") as stream:
             return _ours(conn, stream, n)
 
-    best = best_measured(args.rounds, {"bare": bare, "ours": ours})
-    base = report("bare rstream producer", n, best["bare"])
-    report("writer", n, best["ours"], base)
+    def sub_entries(_round: int) -> float:
+        with temp_stream(conn, "bench-writer-sub") as stream:
+            return _ours(conn, stream, n, WriteSettings(sub_entry_size=SUB_ENTRY_SIZE))
+
+    cpu: dict[str, float] = {}
+    best = best_measured(args.rounds, {"bare": bare, "ours": ours, "sub": sub_entries}, cpu)
+    base = report("bare rstream producer", n, best["bare"], broker_cpu=cpu.get("bare"))
+    report("writer", n, best["ours"], base, cpu.get("ours"))
+    report(f"writer, subEntrySize={SUB_ENTRY_SIZE} (opt-in)", n, best["sub"], base, cpu.get("sub"))
+    broker_bound(n, best["bare"], cpu.get("ours"))
 
 
 if __name__ == "__main__":
