@@ -8,7 +8,6 @@ every parse function: no error it raises holds a secret of the options it was gi
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -58,6 +57,8 @@ def _levenshtein(a: str, b: str) -> int:
 
 def suggest(key: str, candidates: tuple[str, ...]) -> str | None:
     """The closest known option name: difflib's candidates, ranked by edit distance, then length."""
+    import difflib  # only for a misspelt option: start-up cost of Spark's per-query Python process
+
     by_lower = {name.lower(): name for name in candidates}
     wanted = key.lower()
     close = difflib.get_close_matches(wanted, list(by_lower), n=5, cutoff=0.6)

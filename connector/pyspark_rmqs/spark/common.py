@@ -18,15 +18,18 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql.datasource import InputPartition
 
-from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.offsets import OffsetRange
 from pyspark_rmqs.options import SourceOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,9 @@ def to_partitions(ranges: list[OffsetRange]) -> list[RangePartition]:
 
 def read_settings(opts: SourceOptions) -> ReadSettings:
     """The executor's reader settings: the options' (`SourceOptions.reader_settings`) and the post filter."""
+    # Here, not at module level: start-up cost of Spark's per-query Python process (it only plans).
+    from pyspark_rmqs.broker.reader import ReadSettings
+
     post = None
     if opts.filter_post_filter_class:
         post = _post_filter(opts.filter_post_filter_class)
@@ -114,6 +120,9 @@ def register_for_metrics(spark: Any) -> None:
 
 def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[pa.RecordBatch]:
     """Executor side: Arrow batches of exactly [start, end) of one stream."""
+    # Here, not at module level: start-up cost of Spark's per-query Python process (it only plans).
+    from pyspark_rmqs.broker.reader import RangeReader
+
     reader = RangeReader(
         opts.connection, partition.stream, partition.start, partition.end, read_settings(opts)
     )
