@@ -65,6 +65,7 @@ bench: setup broker-up
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.available_now
+	$(PY) -m bench.available_now --messages 5000000
 
 # Re-resolve the locked versions after changing dependencies in pyproject.toml.
 lock:
