@@ -209,7 +209,7 @@ class RangeReader:
                     f"{self.s.max_wait_ms}; stopped at offset {self.next_offset}"
                 )
             try:
-                item = bridge.q.get(timeout=_IDLE_CHECK_S)
+                item = bridge.get(timeout=_IDLE_CHECK_S)
             except queue.Empty:
                 if not bridge.client.is_connection_alive():
                     raise BrokerUnavailableError(
