@@ -6,9 +6,9 @@ For each publish-batch size B, N 100-byte messages go into a fresh stream throug
 `Producer.send_batch` of B messages per call (about one chunk per call; the average messages per
 chunk the broker made is printed). Then, on that stream, in one run: the bare rstream consumer,
 `RangeReader` with the fixed columns and with all metadata columns, each the best of `--rounds`
-interleaved rounds (bench.common.best_of; 5 here, not 3: on the 2-core machine the same 1 M-message
-read of 50-message chunks took 1.3 to 3.9 s, broker CPU 1.35 to 2.8 s, in 14 back-to-back runs, so
-3 rounds could all land in the slow half). Prints one line per side, with the local broker's CPU
+interleaved rounds (bench.common.best_of; 5 here, not 3: on the 2-core machine six back-to-back
+reads of the same 1 M messages in 50-message chunks took 1.47 to 3.74 s, broker CPU 1.39 to 2.39 s,
+so 3 rounds could all land in the slow half). Prints one line per side, with the local broker's CPU
 seconds in its best round, and a
 summary line per size:
 `B=100 (100.0 msg/chunk): bare 380,000 msg/s; fixed columns 1.52x; all metadata 0.95x`.
