@@ -344,17 +344,10 @@ def run_read(
             _commit_files(spark, conn, plan, sink, token, summary, extra)
         else:
             try:
-                with ExecutorReadMetrics(spark) as metrics:
-                    df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
-                    t_sink = time.monotonic()
-                    _call_sink(sink, df, token)
-                    summary.flush_ms = _ms_since(t_sink)
-                metrics.fill(summary)
+                obs = _read_into(spark, conn, plan, extra, summary, lambda df: _call_sink(sink, df, token))
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.BEFORE) from None
-            _count(summary, observed_counts(obs))
-            summary.records_written = summary.rows
-            summary.batches = 1
+            _count_read(summary, obs)
         if not plan.fail_on_data_loss:
             summary.extra["data_loss"] = _retention_during(conn, plan)
     return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
@@ -421,15 +414,10 @@ def _commit_files(
         files = commits.published_files(token)  # published, then the attempt died before its record
         if files is None:
             stage = commits.begin(token)
-            with ExecutorReadMetrics(spark) as metrics:
-                df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
-                t_sink = time.monotonic()
-                sink.write_to(df, str(stage), "overwrite")
-                summary.flush_ms = _ms_since(t_sink)
-            metrics.fill(summary)
-            _count(summary, observed_counts(obs))
-            summary.records_written = summary.rows
-            summary.batches = 1
+            obs = _read_into(
+                spark, conn, plan, extra, summary, lambda df: sink.write_to(df, str(stage), "overwrite")
+            )
+            _count_read(summary, obs)
             files = commits.publish(token)
         else:
             summary.rows = summary.bytes = summary.records_written = None
@@ -443,6 +431,33 @@ def _commit_files(
     summary.commit_ms = _ms_since(t_commit)
     summary.bytes_written = sum((commits.root / f).stat().st_size for f in files)
     summary.extra["files"] = len(files)
+
+
+def _read_into(
+    spark: SparkSession,
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    extra: Mapping[str, str],
+    summary: RunSummary,
+    write: Callable[[DataFrame], Any],
+) -> Any:
+    """Read `plan` once into `write` (one Spark action), measured: the sink's time (`flush_ms`) and
+    the executors' fetch and decode time; returns the observation of its rows and bytes
+    (`_count_read`), which holds once the action ran."""
+    with ExecutorReadMetrics(spark) as metrics:
+        df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
+        t_sink = time.monotonic()
+        write(df)
+        summary.flush_ms = _ms_since(t_sink)
+    metrics.fill(summary)
+    return obs
+
+
+def _count_read(summary: RunSummary, obs: Any) -> None:
+    """A one-action read's counts: the rows and bytes observed, all of them written, in one batch."""
+    _count(summary, observed_counts(obs))
+    summary.records_written = summary.rows
+    summary.batches = 1
 
 
 class ExecutorReadMetrics:
