@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pyspark_rmqs.batches import BatchBuilder
+from pyspark_rmqs.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
@@ -254,8 +254,6 @@ def _consume(
     lost: dict[str, list[int]],
 ) -> None:
     """Every range of `plan` through `target`, measuring fetch and decode (reader) and flush (sink) time."""
-    import pyarrow.compute as pc
-
     fetch = decode = flush = 0.0
     batches = 0
     for stream, (start, end) in plan.ranges.items():
@@ -270,9 +268,7 @@ def _consume(
                     flush += time.perf_counter() - t
                     batches += 1
                     rows += batch.num_rows
-                    summary.bytes = (summary.bytes or 0) + int(
-                        pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
-                    )
+                    summary.bytes = (summary.bytes or 0) + value_bytes(batch)
             finally:  # the reader's own clocks: waiting for and receiving chunks, and decoding them
                 fetch += reader.fetch_s
                 decode += reader.decode_s

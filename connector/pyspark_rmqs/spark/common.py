@@ -121,6 +121,7 @@ def register_for_metrics(spark: Any) -> None:
 def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[pa.RecordBatch]:
     """Executor side: Arrow batches of exactly [start, end) of one stream."""
     # Here, not at module level: start-up cost of Spark's per-query Python process (it only plans).
+    from pyspark_rmqs.batches import value_bytes
     from pyspark_rmqs.broker.reader import RangeReader
 
     reader = RangeReader(
@@ -129,20 +130,13 @@ def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[p
     nbytes = 0
     try:
         for batch in reader:
-            nbytes += _value_bytes(batch)
+            nbytes += value_bytes(batch)
             yield batch
     finally:
         try:
             _report(reader, nbytes)
         except Exception:  # metrics never fail a read (nor hide why it failed)
             log.debug("reporting the read's metrics failed", exc_info=True)
-
-
-def _value_bytes(batch: pa.RecordBatch) -> int:
-    """Bytes of the message bodies in `batch` (one vectorised sum, as the Spark-free consume counts)."""
-    import pyarrow.compute as pc
-
-    return int(pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0)
 
 
 def _report(reader: RangeReader, nbytes: int) -> None:
