@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
-from pyspark_rmqs.options import ConnectionOptions
+from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class StreamsHandle(ABC):
         end: int,
         *,
         metadata_fields: Iterable[str] = (),
-        queue_capacity: int = 10_000,
+        queue_capacity: int = SourceOptions.default("queue_capacity"),
         fail_on_data_loss: bool = True,
     ) -> Iterator[pa.RecordBatch]:
         """Offsets `[start, end)` of one (partition) stream as Arrow RecordBatches of the source schema.
