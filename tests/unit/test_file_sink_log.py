@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pyspark_rmqs.spark.file_sink_log import LOG_DIR, local_path, written
+from pyspark_rmqs.spark.file_sink_log import LOG_DIR, uri_path, written
 
 
 def _part(out: Path, batch: int, rows: int) -> tuple[str, int]:
@@ -55,6 +55,6 @@ def test_no_rows_for_other_formats_and_none_without_a_log(tmp_path: Path) -> Non
 
 
 def test_local_paths_from_uris() -> None:
-    assert local_path("file:///tmp/a%20b/x.parquet") == Path("/tmp/a b/x.parquet")
-    assert local_path("/tmp/x") == Path("/tmp/x")
-    assert local_path("s3a://bucket/x") is None
+    assert uri_path("file:///tmp/a%20b/x.parquet") == Path("/tmp/a b/x.parquet")
+    assert uri_path("/tmp/x") == Path("/tmp/x")
+    assert uri_path("s3a://bucket/x") is None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from pyspark_rmqs.delivery import local_path
+
 LOG_DIR = "_spark_metadata"
 
 
@@ -59,8 +61,10 @@ def _state(log: Path, upto: int) -> dict[str, int]:
     return state
 
 
-def local_path(uri: str) -> Path | None:
-    """The local path of a `file:` URI (or a plain path); None for any other file system."""
+def uri_path(uri: str) -> Path | None:
+    """The local path of a log entry's `file:` URI (percent-encoded, as Spark writes it; or a plain
+    path); None for any other file system. The output folder itself is a user's path, not a URI:
+    `delivery.local_path` reads it, as it does for the exactly-once commit's output."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return Path(unquote(parsed.path))
@@ -82,7 +86,7 @@ def written(output_path: str, first_batch: int, last_batch: int, fmt: str) -> Wr
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        paths = [local_path(p) for p in files]
+        paths = [uri_path(p) for p in files]
         if all(p is not None for p in paths):
             rows = sum(pq.read_metadata(str(p)).num_rows for p in paths if p is not None)
     return Written(len(files), sum(files.values()), rows)
