@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +143,33 @@ def chunk_stats(conn: ConnectionOptions, stream: str, count: int) -> float:
     return count / max(1, reader.chunks)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t = time.perf_counter()
+@dataclass(frozen=True)
+class Measured:
+    """One measured span: its wall seconds and the local broker's CPU seconds over the same span
+    (None when no broker runs on this machine)."""
+
+    seconds: float
+    broker_cpu: float | None = None
+
+
+class Span:
+    """Starts measuring when made; `done()` gives the `Measured` span. The broker's CPU is read
+    (a scan of /proc) just outside the wall clock, so the scan is not timed."""
+
+    def __init__(self) -> None:
+        self._cpu = broker_cpu_s()
+        self._t = time.perf_counter()
+
+    def done(self) -> Measured:
+        seconds = time.perf_counter() - self._t
+        after = broker_cpu_s()
+        return Measured(seconds, None if self._cpu is None or after is None else after - self._cpu)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Measured, Any]:
+    span = Span()
     result = fn()
-    return time.perf_counter() - t, result
+    return span.done(), result
 
 
 def broker_cpu_s() -> float | None:
@@ -177,7 +201,7 @@ def broker_cpu_s() -> float | None:
 
 def best_measured(
     rounds: int,
-    sides: dict[str, Callable[[int], float]],
+    sides: dict[str, Callable[[int], Measured]],
     broker_cpu: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The best (shortest) seconds of each side over `rounds` rounds, the sides interleaved.
@@ -185,21 +209,20 @@ def best_measured(
     A 2-core machine shared with a broker, a JVM and other processes is noisy: one run per side
     measures whatever else ran at that moment. Interleaving the sides spreads that noise over all of
     them, and the best round is the one least disturbed. Each side is called with the round number
-    (for fresh output paths or consumer names) and returns the seconds it measured itself.
+    (for fresh output paths or consumer names) and returns the span it measured itself (`Span`):
+    only what its clock covers, not its setup.
 
-    With `broker_cpu`, it receives the local broker's CPU seconds during each side's best round
-    (the whole call, so slightly more than the measured seconds cover), when a broker runs here.
+    With `broker_cpu`, it receives the local broker's CPU seconds over each side's best span, when
+    a broker runs here.
     """
     best: dict[str, float] = {}
     for r in range(rounds):
         for label, side in sides.items():
-            before = broker_cpu_s()
-            seconds = side(r)
-            after = broker_cpu_s()
-            if seconds < best.get(label, float("inf")):
-                best[label] = seconds
-                if broker_cpu is not None and before is not None and after is not None:
-                    broker_cpu[label] = after - before
+            m = side(r)
+            if m.seconds < best.get(label, float("inf")):
+                best[label] = m.seconds
+                if broker_cpu is not None and m.broker_cpu is not None:
+                    broker_cpu[label] = m.broker_cpu
     return best
 
 
@@ -211,11 +234,11 @@ def best_of(
 ) -> dict[str, float]:
     """`best_measured` of sides timed whole; each must return `count` (the rows or messages it saw)."""
 
-    def timed_side(label: str, side: Callable[[int], int]) -> Callable[[int], float]:
-        def run(r: int) -> float:
-            seconds, seen = timed(lambda: side(r))
+    def timed_side(label: str, side: Callable[[int], int]) -> Callable[[int], Measured]:
+        def run(r: int) -> Measured:
+            measured, seen = timed(lambda: side(r))
             assert seen == count, f"{label}: saw {seen:,} of {count:,}"
-            return seconds
+            return measured
 
         return run
 

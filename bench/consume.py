@@ -42,12 +42,12 @@ def main() -> None:
         def count(batch: object) -> None:
             rows[0] += batch.num_rows  # type: ignore[attr-defined]
 
-        secs, _ = timed(lambda: asyncio.run(_bare(conn, stream, n)))
-        base = report("bare rstream consumer", n, secs)
-        secs, _ = timed(lambda: _consume(conn, stream, n, count))
-        report("consume -> apply_function", n, secs, base)
-        secs, _ = timed(lambda: _consume(conn, stream, n, consume.ParquetSink(out)))
-        report("consume -> Parquet", n, secs, base)
+        m, _ = timed(lambda: asyncio.run(_bare(conn, stream, n)))
+        base = report("bare rstream consumer", n, m.seconds)
+        m, _ = timed(lambda: _consume(conn, stream, n, count))
+        report("consume -> apply_function", n, m.seconds, base)
+        m, _ = timed(lambda: _consume(conn, stream, n, consume.ParquetSink(out)))
+        report("consume -> Parquet", n, m.seconds, base)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ warmed up by a small write first) writes `spark.range(0, N, 1, 2)` as 100-byte `
 another fresh stream with `df.write.format("rabbitmq_streams")`; the clock covers the whole
 `save()`, which returns once every task's messages are confirmed. A third side writes with
 `subEntrySize=100` (opt-in; deduplication is not guaranteed then). Prints one line per side, with
-the ratio to the bare producer and the local broker's CPU seconds in that side's best round
+the ratio to the bare producer and the local broker's CPU seconds over that side's best timed span
 (`spark sink: ... 0.85x; broker CPU 2.10 s`), then the `broker-bound:` line of bench.writer.
 Each side is the best of `--rounds` interleaved rounds (bench.common.best_measured).
 """
@@ -16,12 +16,12 @@ Each side is the best of `--rounds` interleaved rounds (bench.common.best_measur
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from bench.common import (
     ROUNDS,
+    Measured,
     best_measured,
     broker_bound,
     connection,
@@ -30,7 +30,7 @@ from bench.common import (
     temp_stream,
     timed,
 )
-from bench.writer import SUB_ENTRY_SIZE, _bare
+from bench.writer import SUB_ENTRY_SIZE, bare_round
 from pyspark_rmqs.broker.client import BrokerClient
 
 PARTITIONS = 2
@@ -53,19 +53,18 @@ def main() -> None:
     conn = connection()
     spark = spark_session("rmqs-bench-spark-write")
 
-    def bare(_round: int) -> float:
-        with temp_stream(conn, "bench-spark-write-bare") as stream:
-            return asyncio.run(_bare(conn, stream, n))
+    def bare(_round: int) -> Measured:
+        return bare_round(conn, n)
 
-    def sink(sub_entry_size: int) -> Callable[[int], float]:
-        def run(_round: int) -> float:
+    def sink(sub_entry_size: int) -> Callable[[int], Measured]:
+        def run(_round: int) -> Measured:
             with temp_stream(conn, "bench-spark-write") as stream:
                 # JVM, Python workers, imports, broker connections and publisher declarations
                 _spark_write(spark, stream, WARMUP, sub_entry_size)
-                secs, _ = timed(lambda: _spark_write(spark, stream, n, sub_entry_size))
+                measured, _ = timed(lambda: _spark_write(spark, stream, n, sub_entry_size))
                 tail = BrokerClient(conn).tail(stream)
                 assert tail == WARMUP + n, (tail, WARMUP + n)
-                return secs
+                return measured
 
         return run
 

@@ -6,7 +6,7 @@ Both sides publish the same N pre-built messages (100-byte bodies in one AMQP da
 fresh stream each and stop the clock when the last confirm arrives; publisher setup is excluded
 (one warm-up message, confirmed, before the clock starts); each side the best of `--rounds`
 interleaved rounds (bench.common.best_measured). Prints one line per side, with the ratio to
-the bare producer and the local broker's CPU seconds in that side's best round:
+the bare producer and the local broker's CPU seconds over that side's best timed span:
 `writer: ... 1.05x; broker CPU 2.05 s`.
 
 A third side publishes the same messages with `subEntrySize=100` (opt-in: one sub-entry of 100
@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 
 from rstream import Producer, RawMessage
 from rstream.producer import ConfirmationStatus
 
-from bench.common import ROUNDS, best_measured, broker_bound, connection, report, temp_stream
+from bench.common import ROUNDS, Measured, Span, best_measured, broker_bound, connection, report, temp_stream
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
 from pyspark_rmqs.options import ConnectionOptions
@@ -36,8 +35,9 @@ OUR_BATCH = 10_000  # messages per StreamProducer.send()
 SUB_ENTRY_SIZE = 100  # the opt-in side's messages per sub-entry
 
 
-async def _bare(conn: ConnectionOptions, stream: str, count: int) -> float:
-    """rstream's own producer: send_batch with a confirm callback; seconds from first send to last confirm."""
+async def _bare(conn: ConnectionOptions, stream: str, count: int) -> Measured:
+    """rstream's own producer: send_batch with a confirm callback; measured from the first send to
+    the last confirm."""
     host, port = conn.addresses()[0]
     messages = [RawMessage(encode(BODY)) for _ in range(count)]  # distinct: rstream sets publishing_id
     confirmed = 0
@@ -62,28 +62,36 @@ async def _bare(conn: ConnectionOptions, stream: str, count: int) -> float:
         await asyncio.wait_for(done.wait(), 60)
         confirmed, failed, target = 0, 0, count
         done.clear()
-        start = time.perf_counter()
+        span = Span()
         for i in range(0, count, BARE_BATCH):
             await p.send_batch(stream, messages[i : i + BARE_BATCH], on_publish_confirm=on_confirm)
         await asyncio.wait_for(done.wait(), 600)
-        seconds = time.perf_counter() - start
+        measured = span.done()
     assert failed == 0 and confirmed == count, (confirmed, failed, count)
-    return seconds
+    return measured
 
 
-def _ours(conn: ConnectionOptions, stream: str, count: int, settings: WriteSettings | None = None) -> float:
-    """`StreamProducer.send()` in batches of 10,000, then `flush()`; seconds from first send to flush."""
+def bare_round(conn: ConnectionOptions, count: int) -> Measured:
+    """One round of the bare producer on a fresh stream (the baseline of bench.spark_write too)."""
+    with temp_stream(conn, "bench-writer-bare") as stream:
+        return asyncio.run(_bare(conn, stream, count))
+
+
+def _ours(
+    conn: ConnectionOptions, stream: str, count: int, settings: WriteSettings | None = None
+) -> Measured:
+    """`StreamProducer.send()` in batches of 10,000, then `flush()`; measured from first send to flush."""
     messages = [encode(BODY) for _ in range(count)]
     with StreamProducer(conn, stream, superstream=False, settings=settings or WriteSettings()) as p:
         p.send([encode(BODY)])  # warm-up: pool connection and publisher declaration outside the clock
         p.flush()
-        start = time.perf_counter()
+        span = Span()
         for i in range(0, count, OUR_BATCH):
             p.send(messages[i : i + OUR_BATCH])
         p.flush()
-        seconds = time.perf_counter() - start
+        measured = span.done()
         assert p.messages == count + 1, (p.messages, count)
-    return seconds
+    return measured
 
 
 def main() -> None:
@@ -94,15 +102,14 @@ def main() -> None:
     n = args.messages
     conn = connection()
 
-    def bare(_round: int) -> float:
-        with temp_stream(conn, "bench-writer-bare") as stream:
-            return asyncio.run(_bare(conn, stream, n))
+    def bare(_round: int) -> Measured:
+        return bare_round(conn, n)
 
-    def ours(_round: int) -> float:
+    def ours(_round: int) -> Measured:
         with temp_stream(conn, "bench-writer") as stream:
             return _ours(conn, stream, n)
 
-    def sub_entries(_round: int) -> float:
+    def sub_entries(_round: int) -> Measured:
         with temp_stream(conn, "bench-writer-sub") as stream:
             return _ours(conn, stream, n, WriteSettings(sub_entry_size=SUB_ENTRY_SIZE))
 
