@@ -100,6 +100,7 @@ def build_stream_asset(
     freshness_policy: FreshnessPolicy | None = None,
     retry_policy: RetryPolicy | None = None,
     backfill_policy: BackfillPolicy | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> AssetsDefinition:
     """An asset reading a (super) stream into an output, under the watermark protocol.
 
@@ -125,7 +126,8 @@ def build_stream_asset(
     `pool` (default `rmqs-<consumer_name>`, see `consumer_pool`) is the Dagster concurrency pool:
     with a limit of 1 on it, two materializations of one consumer's watermark never run at once.
     The other Dagster attributes (`automation_condition`, `code_version`, `freshness_policy`,
-    `kinds`, `owners`, `tags`, ...) pass through to `@asset`.
+    `kinds`, `owners`, `tags`, `metadata`, ...) pass through to `@asset`; the asset's own `rmqs/*`
+    metadata keys (what sensors and checks read back) win over `metadata`'s.
     """
     target = make_target(stream, superstream, consumer_name, rabbitmq_key)
     if not consumer_name:
@@ -175,6 +177,7 @@ def build_stream_asset(
         "freshness_policy": freshness_policy,
         "retry_policy": retry_policy,
         "backfill_policy": backfill_policy,
+        "metadata": metadata,
     }
     if mode == "available_now":
         if not output_path or not checkpoint_location:

@@ -21,7 +21,6 @@ concurrency pool (default `rmqs-<consumer_name>`). Secrets are named, never writ
 `password_env` / `uris_env` become `EnvVar`s, read when a run connects.
 """
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from dagster import (
@@ -144,8 +143,8 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             )
         return None
 
-    def factory_attributes(self) -> tuple[dict[str, Any], Mapping[str, Any]]:
-        """`asset_attributes` as `build_stream_asset` keywords, and the metadata to merge after."""
+    def factory_attributes(self) -> dict[str, Any]:
+        """`asset_attributes` as `build_stream_asset` keywords."""
         given = dict(self.asset_attributes)
         unknown = sorted(set(given) - ASSET_ATTRIBUTES)
         if unknown:
@@ -153,17 +152,16 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
                 f"asset_attributes {unknown} are not supported by RabbitMQStreamComponent (partitions: "
                 f"time_window or offset_ranges); supported: {sorted(ASSET_ATTRIBUTES)}"
             )
-        metadata = given.pop("metadata", None) or {}
         if given.get("kinds") is not None:
             given["kinds"] = set(given["kinds"])
         if given.get("owners") is not None:
             given["owners"] = list(given["owners"])
         if given.get("code_version") is not None:  # template rendering turns "3" into the number 3
             given["code_version"] = str(given["code_version"])
-        return given, metadata
+        return given
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        attributes, metadata = self.factory_attributes()
+        attributes = self.factory_attributes()
         stream_asset = build_stream_asset(
             self.name,
             stream=self.stream,
@@ -180,8 +178,6 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             pool=self.pool,
             **attributes,
         )
-        if metadata:
-            stream_asset = stream_asset.map_asset_specs(lambda spec: spec.merge_attributes(metadata=metadata))
         sensors = []
         if self.sensor is not None:
             s = self.sensor

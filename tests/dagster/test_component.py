@@ -110,6 +110,20 @@ def test_dagsters_asset_attributes_pass_through_from_yaml() -> None:
         assert spec.freshness_policy == FreshnessPolicy.time_window(fail_window=timedelta(hours=2))
 
 
+def test_yaml_metadata_cannot_override_the_assets_own_rmqs_keys() -> None:
+    """Sensors and checks read the target back from the `rmqs/*` keys: a user's metadata under the
+    same key must not change what they read (the key is the asset's, the rest is merged)."""
+    with yaml_component(
+        """
+        asset_attributes:
+          metadata: {rmqs/consumer_name: someone-else, runbook: "https://example.com/runbook"}
+        """
+    ) as (_, asset):
+        spec = asset.specs_by_key[AssetKey("events")]
+        assert spec.metadata["rmqs/consumer_name"] == "yaml-attrs"
+        assert spec.metadata["runbook"] == "https://example.com/runbook"
+
+
 def chain(error: BaseException | None) -> str:
     """The messages of an error and of the errors it was raised from (Dagster wraps load errors)."""
     parts = []
