@@ -11,7 +11,7 @@ from typing import Any
 from dagster import AssetsDefinition, AssetSpec
 
 from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.target import Target, TargetKw
 
 META_STREAM = "rmqs/stream"
 META_SUPERSTREAM = "rmqs/superstream"
@@ -44,8 +44,9 @@ class StreamTarget:
         return self.target.name
 
     @property
-    def kw(self) -> dict[str, str | None]:
-        return {"stream": self.stream, "superstream": self.superstream}
+    def kw(self) -> TargetKw:
+        """The keyword form for public calls (`Target.kw`)."""
+        return self.target.kw()
 
     def require_consumer(self, asset_key: str) -> str:
         if not self.consumer_name:
