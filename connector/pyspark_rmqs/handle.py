@@ -24,7 +24,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, atails, awatermarks, store_watermarks
+from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,8 +58,7 @@ class StreamsHandle(ABC):
 
     def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
         """The next offset to be written, per partition stream."""
-        coro = atails(self._connection(), stream=stream, superstream=superstream)
-        return run_sync(coro, self._metadata_timeout_s(), f"tails of '{superstream or stream}'")
+        return self.watermarks("", stream=stream, superstream=superstream).tails()
 
     def stored_offsets(
         self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
@@ -93,7 +92,7 @@ class StreamsHandle(ABC):
 
     async def atails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
         """`tails` on the caller's event loop."""
-        return await atails(await self._aconnection(), stream=stream, superstream=superstream)
+        return (await self.awatermarks("", stream=stream, superstream=superstream)).tails()
 
     async def astored_offsets(
         self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None

@@ -10,17 +10,15 @@ read, no JVM is started. `awatermarks` / `astore_watermarks` run on the caller's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
 from pyspark_rmqs.target import Target
-
-T = TypeVar("T")
 
 # A run's plan is kept in the broker as the stored offsets of two companion tracking names.
 PLAN_START_SUFFIX = ".rmqs-plan-start"
@@ -104,27 +102,14 @@ async def awatermarks(
         (first, tail), stored = await asyncio.gather(client.bounds(s), client.stored_offset(consumer, s))
         return PartitionWatermark(s, first, tail, stored)
 
-    parts = await _each_partition(streams, one)
-    return Watermarks(target.name, consumer, target.is_super, tuple(parts))
-
-
-async def atails(conn: Any, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
-    """The next offset to be written per partition stream: `awatermarks(...).tails()` without a
-    consumer name, so without its stored-offset lookup per partition."""
-    client = AsyncBrokerClient(conn)
-    streams = await Target.of(stream, superstream).astreams(client)
-    return dict(zip(streams, await _each_partition(streams, client.tail), strict=True))
-
-
-async def _each_partition(streams: list[str], call: Callable[[str], Awaitable[T]]) -> list[T]:
-    """`call` for every partition stream, at most 16 at a time (a super stream may have hundreds)."""
     sem = asyncio.Semaphore(16)
 
-    async def bounded(s: str) -> T:
+    async def bounded(s: str) -> PartitionWatermark:
         async with sem:
-            return await call(s)
+            return await one(s)
 
-    return list(await asyncio.gather(*(bounded(s) for s in streams)))
+    parts = await asyncio.gather(*(bounded(s) for s in streams))
+    return Watermarks(target.name, consumer, target.is_super, tuple(parts))
 
 
 def watermarks(
