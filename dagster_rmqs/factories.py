@@ -166,10 +166,14 @@ def watermark_asset(
                 end="latest",
                 max_messages=max_messages,
                 starting_offsets=starting_offsets,
+                pipeline=f"{context.asset_key.to_user_string()} (run {context.run_id})",
             )
-            again = " (the pending plan of a failed run)" if plan.resumed else ""
-            context.log.info(f"reading {describe(plan)} as consumer '{consumer}'{again}")
-            return read.result(conn, read.engine.read(context, conn, plan, store_watermark=True))
+            try:
+                again = " (resuming the run record of a failed run)" if plan.resumed else ""
+                context.log.info(f"reading {describe(plan)} as consumer '{consumer}'{again}")
+                return read.result(conn, read.engine.read(context, conn, plan, store_watermark=True))
+            finally:
+                plan.release()
 
     return define(name, read, "batch", materialize, attrs)
 

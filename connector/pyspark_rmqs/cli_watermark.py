@@ -163,9 +163,10 @@ def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
     """Everything `watermark set` would change, computed from the broker now; stores nothing."""
     from pyspark_rmqs import jobs
     from pyspark_rmqs import offsets as off
-    from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
+    from pyspark_rmqs.runs.lease import check_name
+    from pyspark_rmqs.watermarks import watermarks
 
-    plan_names(consumer)  # fails early on a name too long for the plan's companion names
+    check_name(consumer)
     w = watermarks(conn, consumer, **t.kw())
     parts = {p.stream: p for p in w.partitions}
     position, moved = parse_to(to, list(parts))
@@ -194,7 +195,7 @@ def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
         persist=False,
         fail_on_data_loss=False,
     )
-    pending = pending_plan(conn, w)
+    pending = pending_ranges(conn, consumer)
     out: list[PartitionMove] = []
     impossible: list[str] = []
     for p in w.partitions:
@@ -220,43 +221,50 @@ def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
 
 
 def apply_move(conn: Any, move: Move) -> None:
-    """Store the move: fail if the watermark changed since `move` was planned; clear the plan; store."""
-    from pyspark_rmqs.broker.client import AsyncBrokerClient
-    from pyspark_rmqs.broker.loop import run_sync
-    from pyspark_rmqs.watermarks import plan_names
+    """Store the move under the consumer's lease: fail if a run holds it or the watermark changed
+    since `move` was planned; settle an unfinished run record (it will not be retried); store."""
+    from pyspark_rmqs.runs import record as run_record
+    from pyspark_rmqs.runs.lease import acquire
+    from pyspark_rmqs.watermarks import store_watermarks, watermarks
 
     changed = move.changed
     if not changed:
         return
     seen = {p.stream: p.current for p in move.partitions}
-    start_name, end_name = plan_names(move.consumer)
-
-    async def store() -> None:
-        client = AsyncBrokerClient(conn)
-        now = await client.stored_offsets(move.consumer, list(changed))
-        moved = {s: (seen[s], now[s]) for s in changed if now[s] != seen[s]}
+    with acquire(conn, run_record.RUNS_STREAM, move.consumer, wait_s=5.0):
+        now = watermarks(conn, move.consumer, **Target(move.target, move.superstream).kw())
+        current = now.stored_offsets()
+        moved = {s: (seen[s], current.get(s)) for s in changed if current.get(s) != seen[s]}
         if moved:
             where = ", ".join(f"'{s}': {a} -> {b}" for s, (a, b) in sorted(moved.items()))
             raise WatermarkConflictError(
                 f"the watermark of consumer '{move.consumer}' changed since it was read ({where}): a run "
-                "is storing it. Nothing was changed; stop the pipelines of this consumer and try again"
+                "stored it. Nothing was changed; stop the pipelines of this consumer and try again"
             )
-        # An empty plan at the new position first (start = end = new + 1): a plan recorded before
-        # can no longer be taken for pending, even if its start happens to be new + 1.
-        await client.store_offsets(start_name, {s: o + 1 for s, o in changed.items()})
-        await client.store_offsets(end_name, {s: o + 1 for s, o in changed.items()})
-        await client.store_offsets(move.consumer, changed)
+        record = run_record.latest(conn, move.consumer)
+        if record is not None and not record.done:
+            run_record.write(conn, record.abandoned())
+        store_watermarks(conn, move.consumer, changed, allow_backwards=True)
 
-    run_sync(store(), 120, "set watermark")
+
+def pending_ranges(conn: Any, consumer: str) -> dict[str, tuple[int, int]]:
+    """The ranges of the consumer's unfinished run (its record), which its next try reads again."""
+    from pyspark_rmqs.runs import record as run_record
+
+    record = run_record.latest(conn, consumer)
+    if record is None or record.done:
+        return {}
+    return dict(run_record.ranges_of(record))
 
 
 def show(conn: Any, consumer: str, t: Target) -> dict[str, Any]:
     """`watermark show` as data: per partition the watermark, lag and any pending plan."""
-    from pyspark_rmqs.watermarks import pending_plan, plan_names, watermarks
+    from pyspark_rmqs.runs.lease import check_name
+    from pyspark_rmqs.watermarks import watermarks
 
-    plan_names(consumer)
+    check_name(consumer)
     w = watermarks(conn, consumer, **t.kw())
-    pending = pending_plan(conn, w)
+    pending = pending_ranges(conn, consumer)
     return {
         "target": w.target,
         "superstream": w.superstream,

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
+from pyspark_rmqs.delivery import FileCommits, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
-from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary
+from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
 
 if TYPE_CHECKING:
@@ -191,8 +191,35 @@ def run_consume(
     range reads and writes nothing again and only stores the watermark. A function taking `token=`
     receives the run's `RunToken` with every batch.
     """
+    try:
+        return _run_consume(
+            conn,
+            plan,
+            sink,
+            store_watermark,
+            metadata_fields,
+            source_options,
+            settings,
+            pipeline,
+            retry_count,
+        )
+    finally:
+        plan.release()
+
+
+def _run_consume(
+    conn: ConnectionOptions,
+    plan: ReadPlan,
+    sink: RangeSink | Callable[[pa.RecordBatch], Any],
+    store_watermark: bool,
+    metadata_fields: str | None,
+    source_options: Mapping[str, str] | None,
+    settings: ReadSettings | None,
+    pipeline: str | None,
+    retry_count: int,
+) -> RunSummary:
     t0 = time.monotonic()
-    token = RunToken(plan.consumer, plan.ranges)
+    token = plan.token
     target: RangeSink = sink if isinstance(sink, RangeSink) else FunctionSink(sink)
     if isinstance(target, FunctionSink) and takes_token(target.fn):
         target.kwargs = {**target.kwargs, "token": token}
@@ -204,7 +231,9 @@ def run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    if record is None and committed_run is not None and not plan.is_empty and committed_run(token):
+    if plan.delivered:
+        skip_delivered(plan, summary)
+    elif record is None and committed_run is not None and not plan.is_empty and committed_run(token):
         log.info("range %s is already in %s (token %s): not written again", plan.ranges, target, token.value)
         summary.rows = summary.bytes = None
         summary.extra["sink_skipped"] = True

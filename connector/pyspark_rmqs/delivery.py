@@ -65,17 +65,25 @@ def check_delivery(delivery: str) -> str:
 
 @dataclass(frozen=True)
 class RunToken:
-    """A run's identity for commits: its consumer and planned ranges. The same range, the same token."""
+    """A run's identity for commits: its consumer, planned ranges and the streams' incarnations.
+
+    The same range of the same streams, the same token; a stream deleted and created again has a
+    new incarnation (`runs.incarnation`), so its new `[0, n)` never matches an old commit.
+    """
 
     consumer: str | None
     ranges: Mapping[str, tuple[int, int]]
+    incarnations: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def value(self) -> str:
-        text = json.dumps(
-            {"consumer": self.consumer, "ranges": {s: list(r) for s, r in sorted(self.ranges.items())}},
-            sort_keys=True,
-        )
+        body: dict[str, Any] = {
+            "consumer": self.consumer,
+            "ranges": {s: list(r) for s, r in sorted(self.ranges.items())},
+        }
+        if self.incarnations:
+            body["incarnations"] = {s: v for s, v in sorted(self.incarnations.items())}
+        text = json.dumps(body, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,6 +91,7 @@ class RunToken:
             "token": self.value,
             "consumer": self.consumer,
             "ranges": {s: list(r) for s, r in self.ranges.items()},
+            "incarnations": dict(self.incarnations),
         }
 
 
@@ -97,6 +106,7 @@ class CommitRecord:
     rows: int | None
     bytes: int | None
     committed_at: float = field(default_factory=time.time)
+    incarnations: dict[str, int] = field(default_factory=dict)
 
 
 def local_path(output: str) -> Path | None:
@@ -176,7 +186,15 @@ class FileCommits:
     def commit(self, token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
         """Write the commit record (atomically: a temporary file renamed into place)."""
         info = token.to_dict()
-        record = CommitRecord(info["token"], token.consumer, info["ranges"], files, rows, size)
+        record = CommitRecord(
+            info["token"],
+            token.consumer,
+            info["ranges"],
+            files,
+            rows,
+            size,
+            incarnations=info["incarnations"],
+        )
         path = self.record_path(token)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")

@@ -157,3 +157,13 @@ def classify(exc: BaseException) -> Classified:
             if marker in line and ("pyspark_rmqs" in line or line.lstrip().startswith(marker)):
                 return Classified(cls.retryable, line[line.index(marker) :].strip()[:2000], name, state)
     return Classified(True, f"{type(exc).__name__}: {exc}", None, state)
+
+
+class ConsumerBusyError(RmqsError):
+    """Another run holds the consumer (or producer) name: this run stopped before reading or sending.
+
+    Retryable: the holder's lease ends when its run ends, or when its process dies (the broker
+    closes its connection). The message names the holder's run when its record says who it is.
+    """
+
+    retryable = True

@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs import offsets as off
@@ -48,10 +48,15 @@ from pyspark_rmqs.errors import (
 )
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.planning import Bounds, Position, resolve_positions
+from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.runs.incarnation import incarnations as incarnations_of
+from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
+from pyspark_rmqs.runs.lease import Lease
+from pyspark_rmqs.runs.lease import acquire as acquire_lease
+from pyspark_rmqs.runs.record import RunRecord
 from pyspark_rmqs.target import Target
 from pyspark_rmqs.watermarks import (
-    pending_plan,
-    record_plan,
+    Watermarks,
     store_watermarks,
     store_watermarks_checked,
     watermarks,
@@ -67,7 +72,11 @@ _SOURCE = SourceOptions.alias  # option names users type, from the option table
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """What one run reads: `[start, end)` per partition stream, fixed before reading."""
+    """What one run reads: `[start, end)` per partition stream, fixed before reading.
+
+    A run that stores its consumer's watermark also carries its run record (`runs.record`) and
+    holds the consumer's lease (`runs.lease`) until it ends (`release`).
+    """
 
     target: str
     superstream: bool
@@ -76,10 +85,15 @@ class ReadPlan:
     end: dict[str, int]
     # The consumer's stored offsets when the run planned: storing checks nobody moved them since.
     seen: dict[str, int | None] = field(default_factory=dict)
-    # True when this run re-reads a pending plan that an earlier, failed try recorded.
+    # True when this run resumes the record of an earlier, failed try (the same ranges and token).
     resumed: bool = False
     # Carried into the executors: a gap found while reading fails the run or is skipped and logged.
     fail_on_data_loss: bool = True
+    # Each partition stream's incarnation (`runs.incarnation`): part of the token.
+    incarnations: dict[str, int] = field(default_factory=dict)
+    # The run record of a run that stores its watermark (None: a backfill, which stores nothing).
+    record: RunRecord | None = field(default=None, compare=False)
+    lease: Lease | None = field(default=None, compare=False, repr=False)
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -90,6 +104,32 @@ class ReadPlan:
         return not self.ranges
 
     @property
+    def stores(self) -> bool:
+        """Whether the run stores its consumer's watermark (a watermark run, not a backfill)."""
+        return self.record is not None
+
+    @property
+    def mode(self) -> str:
+        """`watermark` (stores the consumer's watermark when done) or `backfill` (stores nothing)."""
+        return "watermark" if self.stores else "backfill"
+
+    @property
+    def delivered(self) -> bool:
+        """A resumed run whose sink already succeeded: it only stores the watermark."""
+        return self.record is not None and self.record.state in (run_record.DELIVERED, run_record.STORED)
+
+    @property
+    def token(self) -> RunToken:
+        """The run's identity for commits: consumer, ranges and stream incarnations."""
+        if self.record is not None:
+            return RunToken(self.consumer, run_record.ranges_of(self.record), self.record.incarnations)
+        return RunToken(
+            self.consumer,
+            self.ranges,
+            {s: self.incarnations[s] for s in self.ranges if s in self.incarnations},
+        )
+
+    @property
     def stream_target(self) -> Target:
         """The stream or super stream planned, as the one `Target` value."""
         return Target(self.target, self.superstream)
@@ -98,6 +138,11 @@ class ReadPlan:
     def offsets_span(self) -> int:
         """Offsets covered (an upper bound on rows: offset-tracking entries take offsets too)."""
         return sum(e - s for s, e in self.ranges.values())
+
+    def release(self) -> None:
+        """Give back the consumer's lease (a run's last step; idempotent)."""
+        if self.lease is not None:
+            self.lease.release()
 
 
 @dataclass
@@ -160,32 +205,112 @@ def plan_read(
     max_messages: int | None = None,
     starting_offsets: str = "earliest",
     fail_on_data_loss: bool = True,
-    persist: bool = True,
+    persist: bool | None = None,
+    pipeline: str | None = None,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
 ) -> ReadPlan:
     """Fix `[start, end)` per partition stream now (tails as of this call), metadata only.
 
-    With `start="watermark"` and `persist` (a run that will store the watermark), a pending plan
-    is read again as it was recorded, and a new plan is recorded in the broker before returning.
-    Backfills (explicit starts, `persist=False`) neither read nor touch the recorded plan.
+    A run that stores its consumer's watermark (`persist`; by default exactly the runs that start
+    at the watermark) first takes the consumer's lease (`ConsumerBusyError` when another run holds
+    it past `lease_wait_s`), then resumes the consumer's unfinished run record whole (same ranges,
+    same token) or plans anew and writes a `planned` record, all before anything is read. Other
+    runs (explicit offsets or times: backfills) hold nothing, record nothing and never store.
+    Release the lease with `plan.release()` if the plan is not run (`run_read`, `run_consume` and
+    the operators release it).
     """
     if starting_offsets not in ("earliest", "latest"):
         raise ConfigurationError(f"starting_offsets must be 'earliest' or 'latest'; got {starting_offsets!r}")
     if max_messages is not None and max_messages < 1:
         raise ConfigurationError(f"max_messages must be at least 1; got {max_messages}")
-    w = watermarks(conn, consumer or "", stream=stream, superstream=superstream)
+    target = Target.of(stream, superstream)
+    watermark_start = isinstance(start, str) and start == "watermark"
+    if not consumer or not (watermark_start if persist is None else persist):
+        return _plan(
+            conn, target, consumer, start, end, max_messages, starting_offsets, fail_on_data_loss, None
+        )
+    before = run_record.latest(conn, consumer)
+    lease = acquire_lease(
+        conn,
+        run_record.RUNS_STREAM,
+        consumer,
+        wait_s=lease_wait_s,
+        holder=before.holder() if before is not None and not before.done else "",
+    )
+    try:
+        previous = run_record.latest(conn, consumer)  # under the lease: nobody else writes it now
+        plan = _plan(
+            conn,
+            target,
+            consumer,
+            start,
+            end,
+            max_messages,
+            starting_offsets,
+            fail_on_data_loss,
+            previous,
+            resume=watermark_start,
+        )
+        if plan.record is None:  # a new run: its record is written before anything is read
+            record = run_record.RunRecord(
+                consumer=consumer,
+                run_id=uuid.uuid4().hex,
+                target=plan.target,
+                superstream=plan.superstream,
+                state=run_record.PLANNED,
+                ranges={s: (plan.start[s], plan.end[s]) for s in plan.start},
+                incarnations=dict(plan.incarnations),
+                seen=dict(plan.seen),
+                token=plan.token.value,
+                pipeline=pipeline,
+            )
+            plan = replace(plan, record=run_record.write(conn, record))
+        return replace(plan, lease=lease)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _plan(
+    conn: ConnectionOptions,
+    target: Target,
+    consumer: str | None,
+    start: Position,
+    end: Position,
+    max_messages: int | None,
+    starting_offsets: str,
+    fail_on_data_loss: bool,
+    previous: RunRecord | None,
+    *,
+    resume: bool = False,
+) -> ReadPlan:
+    """The plan itself: resume `previous` when it is unfinished, else resolve the positions."""
+    w = watermarks(conn, consumer or "", **target.kw())
     seen = w.stored_offsets()
-    watermark_run = bool(consumer) and persist and isinstance(start, str) and start == "watermark"
-    pending = pending_plan(conn, w) if watermark_run else {}
-    if pending:
-        starts = {p.stream: pending.get(p.stream, (p.next_offset, 0))[0] for p in w.partitions}
-        ends = {p.stream: pending.get(p.stream, (0, p.next_offset))[1] for p in w.partitions}
-        log.info("consumer '%s' has a pending plan %s: reading exactly that range again", consumer, pending)
-    else:
-        client = BrokerClient(conn)
-        b = Bounds({p.stream: p.first for p in w.partitions}, {p.stream: p.tail for p in w.partitions})
-        stored = seen if consumer else None
-        starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
-        ends = resolve_positions(client, b, end, is_end=True)
+    incarnations = incarnations_of(conn, [p.stream for p in w.partitions])
+    usable = previous if previous is not None and _same_streams(previous, w.target, incarnations) else None
+    if previous is not None and usable is None:
+        log.warning(
+            "the run record of consumer '%s' on '%s' was planned on streams since deleted and created "
+            "again: it no longer applies",
+            consumer,
+            previous.target,
+        )
+    if resume and usable is not None and not usable.done:
+        log.info("consumer '%s' has an unfinished run (%s): resuming it whole", consumer, usable.holder())
+        return _resumed(w, usable, incarnations, fail_on_data_loss)
+    client = BrokerClient(conn)
+    b = Bounds({p.stream: p.first for p in w.partitions}, {p.stream: p.tail for p in w.partitions})
+    stored: dict[str, int | None] | None = None
+    recorded: dict[str, int] = {}
+    if consumer:
+        stored = dict(seen)
+        if usable is not None:  # where the last run ended, on partitions that stored nothing yet
+            recorded = {s: r[1] for s, r in usable.ranges.items() if seen.get(s) is None}
+    starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
+    if isinstance(start, str) and start == "watermark":
+        starts.update({s: v for s, v in recorded.items() if s in starts})
+    ends = resolve_positions(client, b, end, is_end=True)
     for p in w.partitions:
         s = p.stream
         if starts[s] < p.first and ends[s] > starts[s]:
@@ -195,12 +320,49 @@ def plan_read(
             )
         starts[s] = max(starts[s], p.first)
         ends[s] = max(starts[s], min(ends[s], p.tail))
-    if max_messages is not None and not pending:
+    if max_messages is not None:
         ends = off.apply_limit(starts, ends, max_messages)
-    plan = ReadPlan(w.target, w.superstream, consumer, starts, ends, seen, bool(pending), fail_on_data_loss)
-    if watermark_run and not pending and consumer:
-        record_plan(conn, consumer, plan.ranges)
-    return plan
+    return ReadPlan(
+        w.target, w.superstream, consumer, starts, ends, seen, False, fail_on_data_loss, incarnations
+    )
+
+
+def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fail: bool) -> ReadPlan:
+    """The plan of an unfinished record: its ranges exactly, whatever arrived or was stored since.
+
+    What retention removed from a range since the record was written is data loss (reported; with
+    failOnDataLoss=false the reader skips it). The token stays the record's.
+    """
+    starts = {s: r[0] for s, r in record.ranges.items()}
+    ends = {s: r[1] for s, r in record.ranges.items()}
+    firsts = {p.stream: p.first for p in w.partitions}
+    for s in starts:
+        first = firsts.get(s)
+        if first is None and ends[s] > starts[s]:  # a partition of the record vanished
+            report_data_loss(fail, lost_message(s, starts[s], ends[s], "the partition stream is gone"))
+            ends[s] = starts[s]
+        elif first is not None and starts[s] < first and ends[s] > starts[s]:
+            why = "retention removed them before this retry"
+            report_data_loss(fail, lost_message(s, starts[s], min(first, ends[s]), why))
+    return ReadPlan(
+        w.target,
+        w.superstream,
+        record.consumer,
+        starts,
+        ends,
+        dict(record.seen),
+        True,
+        fail,
+        incarnations,
+        record,
+    )
+
+
+def _same_streams(record: RunRecord, target: str, incarnations: Mapping[str, int]) -> bool:
+    """Whether `record` was planned on these very streams (same target, no partition re-created)."""
+    if record.target != target:
+        return False
+    return all(incarnations.get(s, v) == v for s, v in record.incarnations.items())
 
 
 # --------------------------------------------------------------------------------------- Spark
@@ -330,27 +492,36 @@ def run_read(
 
     A `FileOutput` sink with exactly-once delivery is committed under the run's token before the
     watermark is stored (`delivery.py`); any other sink is called with the DataFrame, and with
-    `token=` too when it takes that keyword (so it can make its own writes idempotent). A failure
-    carries its `commit_state` (`errors.CommitState`).
+    `token=` too when it takes that keyword (so it can make its own writes idempotent). A resumed
+    run whose record says its sink already succeeded only stores. A failure carries its
+    `commit_state` (`errors.CommitState`). The consumer's lease is released at the end, whatever
+    happened.
     """
-    t0 = time.monotonic()
-    token = RunToken(plan.consumer, plan.ranges)
-    exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
-    summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
-    if not plan.is_empty:
-        extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}
-        if exactly_once:
-            assert isinstance(sink, FileOutput)
-            _commit_files(spark, conn, plan, sink, token, summary, extra)
-        else:
-            try:
-                obs = _read_into(spark, conn, plan, extra, summary, lambda df: _call_sink(sink, df, token))
-            except BaseException as e:
-                raise mark_commit_state(e, CommitState.BEFORE) from None
-            _count_read(summary, obs)
-        if not plan.fail_on_data_loss:
-            summary.extra["data_loss"] = _retention_during(conn, plan)
-    return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
+    try:
+        t0 = time.monotonic()
+        token = plan.token
+        exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
+        summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
+        if plan.delivered:
+            skip_delivered(plan, summary)
+        elif not plan.is_empty:
+            extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}
+            if exactly_once:
+                assert isinstance(sink, FileOutput)
+                _commit_files(spark, conn, plan, sink, token, summary, extra)
+            else:
+                try:
+                    obs = _read_into(
+                        spark, conn, plan, extra, summary, lambda df: _call_sink(sink, df, token)
+                    )
+                except BaseException as e:
+                    raise mark_commit_state(e, CommitState.BEFORE) from None
+                _count_read(summary, obs)
+            if not plan.fail_on_data_loss:
+                summary.extra["data_loss"] = _retention_during(conn, plan)
+        return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
+    finally:
+        plan.release()
 
 
 def new_summary(
@@ -360,28 +531,48 @@ def new_summary(
     summary = RunSummary(plan.target, dict(plan.start), dict(plan.end), rows=0, bytes=0, records_written=0)
     summary.pipeline, summary.retry_count, summary.token = pipeline, retry_count, token.value
     summary.delivery = "exactly_once" if exactly_once else "at_least_once"
+    summary.extra["mode"] = plan.mode
+    if plan.record is not None:
+        summary.run_id = plan.record.run_id
     return summary
+
+
+def skip_delivered(plan: ReadPlan, summary: RunSummary) -> None:
+    """A resumed run whose record says the sink already succeeded: deliver nothing again."""
+    log.info(
+        "the run of %s already delivered %s (its record says so): only storing", plan.consumer, plan.ranges
+    )
+    summary.rows = summary.bytes = summary.records_written = None
+    summary.extra["sink_skipped"] = True
 
 
 def finish_run(
     conn: ConnectionOptions, plan: ReadPlan, summary: RunSummary, started: float, *, store_watermark: bool
 ) -> RunSummary:
-    """The end of every run once its sink succeeded: store the watermark, then report.
+    """The end of every run once its sink succeeded: record it, store the watermark, then report.
 
-    The store is checked against concurrent runs; a failure there is marked `COMMITTED` when the
-    run's output was committed (exactly-once), so a retry only stores. Then the lag after the run,
-    the time taken, and one structured log line with the whole summary.
+    A watermark run first moves its record to `delivered` (a retry from here on only stores), then
+    stores `end - 1` on every partition (checked against other runs, never backwards; an empty
+    partition that stored nothing yet stores `start - 1`, so a consumer starting at `latest` keeps
+    its place), then moves its record to `stored`. A failure after `delivered` is marked
+    `COMMITTED`: a retry only stores. Then the lag after the run, the time taken, and one
+    structured log line with the whole summary.
     """
-    if store_watermark and plan.consumer and not plan.is_empty:
+    record = plan.record
+    if store_watermark and record is not None and plan.consumer:
         t_store = time.monotonic()
+        if record.state == run_record.PLANNED:
+            record = run_record.advance(conn, record, run_record.DELIVERED)
+        wanted = _watermarks_to_store(plan)
         try:
-            store_watermarks_checked(conn, plan.consumer, watermarks_after(plan.ranges), plan.seen)
+            kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen)
+            run_record.advance(conn, record, run_record.STORED)
         except BaseException as e:
-            if summary.delivery == "exactly_once":
-                mark_commit_state(e, CommitState.COMMITTED)
-            raise
+            raise mark_commit_state(e, CommitState.COMMITTED) from None
+        if kept:  # an explicit range behind the watermark: never moved backwards
+            summary.extra["watermark_kept"] = kept
         summary.commit_ms = round((summary.commit_ms or 0.0) + _ms_since(t_store), 3)
-        summary.watermark_stored = True
+        summary.watermark_stored = len(wanted) > len(kept)
     if plan.resumed:
         summary.extra["resumed_plan"] = True
     if plan.consumer:
@@ -389,6 +580,15 @@ def finish_run(
     summary.seconds = round(time.monotonic() - started, 3)
     log.info("rmqs run on '%s': %s", plan.target, json.dumps(summary.to_dict(), default=str))
     return summary
+
+
+def _watermarks_to_store(plan: ReadPlan) -> dict[str, int]:
+    """`end - 1` where the run read; `start - 1` where it read nothing and nothing is stored yet."""
+    out = watermarks_after(plan.ranges)
+    for s, start in plan.start.items():
+        if s not in out and plan.seen.get(s) is None and start > 0:
+            out[s] = start - 1
+    return out
 
 
 def _commit_files(
@@ -575,8 +775,40 @@ def run_drain(
     """
     if not consumer:
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
-    t0 = time.monotonic()
     target = Target.of(stream, superstream)
+    # Two drains of one consumer name would store each other's watermarks: hold the name's lease.
+    with acquire_lease(conn, run_record.RUNS_STREAM, consumer, wait_s=DEFAULT_LEASE_WAIT_S):
+        return _drain(
+            spark,
+            conn,
+            target,
+            consumer,
+            checkpoint,
+            output_path,
+            output_format,
+            output_options,
+            source_options,
+            timeout_s,
+            pipeline,
+            retry_count,
+        )
+
+
+def _drain(
+    spark: SparkSession,
+    conn: ConnectionOptions,
+    target: Target,
+    consumer: str,
+    checkpoint: str,
+    output_path: str,
+    output_format: str,
+    output_options: Mapping[str, str] | None,
+    source_options: Mapping[str, str] | None,
+    timeout_s: float,
+    pipeline: str | None,
+    retry_count: int,
+) -> RunSummary:
+    t0 = time.monotonic()
     opts = conn.to_options()
     opts[_SOURCE(target.kind)] = target.name
     opts.update(

@@ -10,6 +10,7 @@ read, no JVM is started. `awatermarks` / `astore_watermarks` run on the caller's
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,13 +18,10 @@ from typing import Any
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
-from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
+from pyspark_rmqs.errors import WatermarkConflictError
 from pyspark_rmqs.target import Target
 
-# A run's plan is kept in the broker as the stored offsets of two companion tracking names.
-PLAN_START_SUFFIX = ".rmqs-plan-start"
-PLAN_END_SUFFIX = ".rmqs-plan-end"
-MAX_REFERENCE_LENGTH = 256  # the broker's limit on a consumer (tracking reference) name
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,13 +120,40 @@ def watermarks(
     )
 
 
-async def astore_watermarks(conn: Any, consumer: str, last_offsets: Mapping[str, int]) -> None:
-    """Store `consumer`'s watermark (last processed offset) per stream; call only after the sink succeeded."""
-    await AsyncBrokerClient(conn).store_offsets(consumer, {s: o for s, o in last_offsets.items() if o >= 0})
+async def astore_watermarks(
+    conn: Any, consumer: str, last_offsets: Mapping[str, int], *, allow_backwards: bool = False
+) -> dict[str, int]:
+    """Store `consumer`'s watermark (last processed offset) per stream; call only after the sink succeeded.
+
+    Never backwards unless `allow_backwards` (what `rmqs watermark set` does after confirming): a
+    value below the stored one is not stored, and is logged; returns those partitions with the
+    watermark they keep.
+    """
+    client = AsyncBrokerClient(conn)
+    wanted = {s: o for s, o in last_offsets.items() if o >= 0}
+    kept: dict[str, int] = {}
+    if not allow_backwards and wanted:
+        now = await client.stored_offsets(consumer, list(wanted))
+        kept = {s: v for s, o in wanted.items() if (v := now[s]) is not None and o < v}
+        if kept:
+            log.warning(
+                "not moving the watermark of consumer '%s' backwards on %s (stored, given): %s",
+                consumer,
+                sorted(kept),
+                {s: (kept[s], wanted[s]) for s in sorted(kept)},
+            )
+    await client.store_offsets(consumer, {s: o for s, o in wanted.items() if s not in kept})
+    return kept
 
 
-def store_watermarks(conn: Any, consumer: str, last_offsets: Mapping[str, int]) -> None:
-    run_sync(astore_watermarks(conn, consumer, last_offsets), WATERMARKS_TIMEOUT_S, "store watermarks")
+def store_watermarks(
+    conn: Any, consumer: str, last_offsets: Mapping[str, int], *, allow_backwards: bool = False
+) -> dict[str, int]:
+    return run_sync(
+        astore_watermarks(conn, consumer, last_offsets, allow_backwards=allow_backwards),
+        WATERMARKS_TIMEOUT_S,
+        "store watermarks",
+    )
 
 
 def watermarks_after(ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
@@ -136,84 +161,28 @@ def watermarks_after(ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
     return {s: end - 1 for s, (start, end) in ranges.items() if end > start}
 
 
-# ------------------------------------------------------------------------------- persisted plans
-
-
-def plan_names(consumer: str) -> tuple[str, str]:
-    """The tracking names holding `consumer`'s pending plan: its planned starts and ends."""
-    longest = MAX_REFERENCE_LENGTH - max(len(PLAN_START_SUFFIX), len(PLAN_END_SUFFIX))
-    if len(consumer.encode()) > longest:
-        raise ConfigurationError(
-            f"consumer name '{consumer[:40]}...' is {len(consumer.encode())} bytes; at most {longest} bytes "
-            f"(the broker allows {MAX_REFERENCE_LENGTH}, and rmqs keeps a run's plan under the name plus "
-            f"'{PLAN_START_SUFFIX}' / '{PLAN_END_SUFFIX}')"
-        )
-    return consumer + PLAN_START_SUFFIX, consumer + PLAN_END_SUFFIX
-
-
-async def apending_plan(conn: Any, w: Watermarks) -> dict[str, tuple[int, int]]:
-    """The ranges of a run that planned but never stored its watermark: `{stream: (start, end)}`.
-
-    A plan is pending on a partition stream when its recorded start is where the watermark says
-    the next run starts (stored + 1, or any start when nothing is stored yet) and its end is past
-    that start. Once the run stored `end - 1`, the recorded start no longer matches: done. A plan
-    whose start matches no longer (the watermark was moved by hand or by another run) is stale.
-    """
-    start_name, end_name = plan_names(w.consumer)
-    client = AsyncBrokerClient(conn)
-    names = [p.stream for p in w.partitions]
-    starts, ends = await asyncio.gather(
-        client.stored_offsets(start_name, names), client.stored_offsets(end_name, names)
-    )
-    pending: dict[str, tuple[int, int]] = {}
-    for p in w.partitions:
-        s, e = starts[p.stream], ends[p.stream]
-        if s is None or e is None:
-            continue
-        if (p.stored is None or s == p.stored + 1) and e > s:
-            pending[p.stream] = (s, e)
-    return pending
-
-
-def pending_plan(conn: Any, w: Watermarks) -> dict[str, tuple[int, int]]:
-    return run_sync(apending_plan(conn, w), WATERMARKS_TIMEOUT_S, "pending plan")
-
-
-def record_plan(conn: Any, consumer: str, ranges: Mapping[str, tuple[int, int]]) -> None:
-    """Keep a run's planned `[start, end)` per stream in the broker before anything is read.
-
-    Starts are stored first, then ends: a run that dies between the two leaves a record whose start
-    matches no watermark or whose end is not past it, which is never taken for a pending plan.
-    """
-    start_name, end_name = plan_names(consumer)
-    todo = {s: r for s, r in ranges.items() if r[1] > r[0]}
-    if not todo:
-        return
-
-    async def record() -> None:
-        client = AsyncBrokerClient(conn)
-        await client.store_offsets(start_name, {s: a for s, (a, _) in todo.items()})
-        await client.store_offsets(end_name, {s: b for s, (_, b) in todo.items()})
-
-    run_sync(record(), WATERMARKS_TIMEOUT_S, "record plan")
-
-
 def store_watermarks_checked(
     conn: Any, consumer: str, last_offsets: Mapping[str, int], seen: Mapping[str, int | None]
-) -> None:
-    """Store watermarks only if nobody moved them since `seen` (read when the run planned).
+) -> dict[str, int]:
+    """Store watermarks only where nobody else moved them since `seen` (read when the run planned).
 
-    Re-reads the watermarks first and fails with `WatermarkConflictError` (naming the consumer and
-    both positions) when another run stored since; reads them back after storing and fails the
-    same way when a concurrent store overwrote this one. Never stores a value below the current one.
+    Never backwards: a value at or below `seen` is not stored; those partitions are returned
+    (`{stream: watermark kept}`). Re-reads the watermarks first and fails with
+    `WatermarkConflictError` (naming the consumer and both positions) when another run stored
+    since — a partition already at the wanted value is this run's own earlier, interrupted store,
+    not a conflict; reads them back after storing and fails the same way when a concurrent store
+    overwrote this one.
     """
+    kept = {s: v for s, o in last_offsets.items() if (v := seen.get(s)) is not None and o <= v}
 
     async def check_and_store() -> None:
         client = AsyncBrokerClient(conn)
-        wanted = {s: o for s, o in last_offsets.items() if o >= 0}  # -1: nothing read there, nothing to store
+        wanted = {s: o for s, o in last_offsets.items() if o >= 0 and s not in kept}
         streams = list(wanted)
+        if not streams:
+            return
         now = await client.stored_offsets(consumer, streams)
-        moved = {s: (seen.get(s), now[s]) for s in streams if now[s] != seen.get(s)}
+        moved = {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), wanted[s])}
         if moved:
             raise WatermarkConflictError(_conflict(consumer, moved, "since this run planned"))
         await client.store_offsets(consumer, wanted)
@@ -225,6 +194,7 @@ def store_watermarks_checked(
             )
 
     run_sync(check_and_store(), WATERMARKS_TIMEOUT_S, "store watermarks")
+    return kept
 
 
 def _conflict(consumer: str, moved: Mapping[str, tuple[int | None, int | None]], when: str) -> str:

@@ -97,10 +97,13 @@ class _BoundedReadOperator(_StreamOperator):
     :param end: "latest" (the tails when the task starts), per-stream offsets, or a timestamp.
     :param starting_offsets: where a consumer without a stored watermark starts: "earliest" or "latest".
     :param max_messages: cap on the messages one run reads, split across partitions by backlog.
-    :param store_watermark: store `end - 1` per stream after the sink succeeded (False for backfills).
-        A watermark run records its plan in the broker first: a retry reads exactly the same range.
-        Runs are serialised (`max_active_tis_per_dag=1` unless given): two runs on one consumer
-        name would read the same range, and the later store fails with `WatermarkConflictError`.
+    :param store_watermark: store `end - 1` per stream after the sink succeeded. Default: the runs
+        that start at the watermark store it; a run of explicit offsets or times is a backfill and
+        stores nothing (its summary says `mode: backfill`). True makes such a run store too, never
+        moving a watermark backwards (`watermark_kept` names the partitions it left alone); False
+        stores nothing. A storing run holds the consumer name's lease and writes its run record in
+        the broker before reading: a retry resumes exactly that run, and a second run on the same
+        name fails with `ConsumerBusyError` before it reads.
     :param fail_on_data_loss: fail when retention removed part of the range (else skip it, logged).
     :param metadata_fields: the source's `metadataFields` option (default: all metadata columns).
     """
@@ -116,7 +119,7 @@ class _BoundedReadOperator(_StreamOperator):
         end: Any = "latest",
         starting_offsets: str = "earliest",
         max_messages: int | str | None = None,
-        store_watermark: bool = True,
+        store_watermark: bool | None = None,
         fail_on_data_loss: bool = True,
         metadata_fields: str | None = None,
         **kwargs: Any,
@@ -134,10 +137,11 @@ class _BoundedReadOperator(_StreamOperator):
         self.fail_on_data_loss = fail_on_data_loss
         self.metadata_fields = metadata_fields
 
-    def plan(self, conn: ConnectionOptions, verb: str) -> jobs.ReadPlan:
+    def plan(self, conn: ConnectionOptions, verb: str, context: Any = None) -> jobs.ReadPlan:
         """This run's plan from the rendered parameters, through `jobs.plan_read` (logged)."""
         plan = jobs.plan_read(
             conn,
+            pipeline=pipeline_of(context) if context is not None else None,
             **self._target().kw(),
             consumer=values.optional_str(self.consumer_name),
             start=values.position(self.start, "start", "watermark"),
@@ -148,13 +152,19 @@ class _BoundedReadOperator(_StreamOperator):
             persist=self.store_watermark,
         )
         self.log.info(
-            "rmqs: %s '%s' ranges %s%s",
+            "rmqs: %s '%s' ranges %s (%s)%s",
             verb,
             plan.target,
             plan.ranges or "(nothing new)",
-            " (the pending plan of a failed try)" if plan.resumed else "",
+            plan.mode,
+            " (resuming the run record of a failed try)" if plan.resumed else "",
         )
         return plan
+
+    @property
+    def stores(self) -> bool:
+        """`store_watermark` for the run functions: the plan decides; only an explicit False stops it."""
+        return self.store_watermark is not False
 
 
 def pipeline_of(context: Any) -> str | None:

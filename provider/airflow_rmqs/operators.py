@@ -263,19 +263,20 @@ class RabbitMQStreamReadOperator(_BoundedReadOperator, _SparkOperator):
         require_pyspark(type(self).__name__)
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
-            plan = self.plan(conn, "reading")
+            plan = self.plan(conn, "reading", context)
             try:
                 summary = jobs.run_read(
                     self.spark_session(),
                     conn,
                     plan,
                     self._sink(context),
-                    store_watermark=self.store_watermark,
+                    store_watermark=self.stores,
                     metadata_fields=self.metadata_fields,
                     pipeline=pipeline_of(context),
                     retry_count=retries_of(context),
                 )
             finally:
+                plan.release()  # run_read releases too; this covers a session that failed to start
                 self._untag()
         self._summary = summary.to_dict()
         return self._summary

@@ -130,12 +130,12 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
 
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
-            plan = self.plan(conn, "consuming")
+            plan = self.plan(conn, "consuming", context)
             summary = consume.run_consume(
                 conn,
                 plan,
                 self._sink(),
-                store_watermark=self.store_watermark,
+                store_watermark=self.stores,
                 metadata_fields=self.metadata_fields,
                 source_options=values.options(self.source_options, "source_options"),
                 pipeline=pipeline_of(context),

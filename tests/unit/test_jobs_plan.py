@@ -11,50 +11,116 @@ from pyspark_rmqs.delivery import RunToken
 from pyspark_rmqs.errors import ConfigurationError, DataLossError
 from tests.unit.test_offsets import _CONN, _Tracking, tracking  # noqa: F401 - the fixture
 
-PLAN_START, PLAN_END = "etl.rmqs-plan-start", "etl.rmqs-plan-end"
+class _Lease:
+    released = 0
+
+    def release(self) -> None:
+        type(self).released += 1
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The run layer in memory: each consumer's latest record, a lease that always comes, and one
+    incarnation per stream (`incarnation` in the returned dict changes it)."""
+    from pyspark_rmqs.runs import record
+
+    state: dict[str, Any] = {"records": {}, "written": [], "incarnation": 1, "leases": 0}
+
+    def write(conn: Any, r: record.RunRecord) -> record.RunRecord:
+        state["records"][r.consumer] = r
+        state["written"].append(r)
+        return r
+
+    def lease(*a: Any, **k: Any) -> _Lease:
+        state["leases"] += 1
+        return _Lease()
+
+    monkeypatch.setattr(record, "latest", lambda conn, c: state["records"].get(c))
+    monkeypatch.setattr(record, "write", write)
+    monkeypatch.setattr(jobs, "acquire_lease", lease)
+    monkeypatch.setattr(jobs, "incarnations_of", lambda conn, ss: dict.fromkeys(ss, state["incarnation"]))
+    return state
 
 
 def test_a_watermark_run_plans_from_the_watermark_to_the_tails_and_records_the_plan(
     tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
 ) -> None:
     tracking.stored[("etl", "o-0")] = 49
-    plan = jobs.plan_read(_CONN, superstream="o", consumer="etl")
+    plan = jobs.plan_read(_CONN, superstream="o", consumer="etl", pipeline="dag/task")
     assert plan.ranges == {"o-0": (50, 100), "o-1": (20, 200)}
     assert plan.seen == {"o-0": 49, "o-1": None} and not plan.resumed and plan.fail_on_data_loss
-    assert tracking.stores == [(PLAN_START, {"o-0": 50, "o-1": 20}), (PLAN_END, {"o-0": 100, "o-1": 200})]
+    (record,) = runs["written"]
+    assert record.state == "planned" and record.ranges == {"o-0": (50, 100), "o-1": (20, 200)}
+    assert record.incarnations == {"o-0": 1, "o-1": 1} and record.pipeline == "dag/task"
+    assert record.token == plan.token.value and runs["leases"] == 1 and plan.mode == "watermark"
+    assert tracking.stores == []  # nothing is stored before the run
 
 
-def test_a_pending_plan_is_read_again_whatever_else_the_retry_asks(tracking: type[_Tracking]) -> None:  # noqa: F811
-    tracking.stored.update({(PLAN_START, "o-0"): 10, (PLAN_END, "o-0"): 60})
+def test_an_unfinished_record_is_resumed_whole_whatever_the_retry_asks(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
+    first = jobs.plan_read(_CONN, superstream="o", consumer="etl", max_messages=30)
+    tracking.stored[("etl", "o-0")] = first.end["o-0"] - 1  # the try died after storing o-0 only
     retry = jobs.plan_read(_CONN, superstream="o", consumer="etl", max_messages=5, end={"o-0": 99})
-    assert retry.resumed and retry.ranges == {"o-0": (10, 60)}  # o-1 has no pending plan: nothing
-    assert retry.end["o-1"] == retry.start["o-1"]
-    assert tracking.stores == []  # a resumed plan is not recorded again
+    assert retry.resumed and retry.ranges == first.ranges  # both partitions, as recorded
+    assert retry.token.value == first.token.value and retry.seen == first.seen
+    assert len(runs["written"]) == 1  # a resumed record is not written again
 
 
-def test_a_completed_or_stale_plan_is_not_pending(tracking: type[_Tracking]) -> None:  # noqa: F811
-    tracking.stored.update({(PLAN_START, "single"): 0, (PLAN_END, "single"): 3, ("etl", "single"): 2})
+def test_a_finished_or_foreign_record_is_not_resumed(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
+    from pyspark_rmqs.runs import record as run_record
+
     plan = jobs.plan_read(_CONN, stream="single", consumer="etl")
-    assert not plan.resumed and plan.ranges == {"single": (3, 5)}  # completed: the next range
-    tracking.stored[("etl", "single")] = 0  # moved by hand: the recorded start (3) no longer matches
-    plan = jobs.plan_read(_CONN, stream="single", consumer="etl")
-    assert not plan.resumed and plan.ranges == {"single": (1, 5)}
-    # A partition with a pending plan is read alone: the others wait for the next run.
-    tracking.stored.update({(PLAN_START, "o-0"): 10, (PLAN_END, "o-0"): 60})
-    plan = jobs.plan_read(_CONN, superstream="o", consumer="etl")
-    assert plan.resumed and plan.ranges == {"o-0": (10, 60)}
+    assert plan.ranges == {"single": (0, 5)}
+    runs["records"]["etl"] = runs["records"]["etl"].moved_to(run_record.STORED)
+    tracking.stored[("etl", "single")] = 2  # done up to 2 (stored by hand): the next range
+    again = jobs.plan_read(_CONN, stream="single", consumer="etl")
+    assert not again.resumed and again.ranges == {"single": (3, 5)}
+    # An unfinished record on a stream since deleted and created again no longer applies.
+    runs["incarnation"] = 2
+    fresh = jobs.plan_read(_CONN, stream="single", consumer="etl")
+    assert not fresh.resumed and fresh.ranges == {"single": (3, 5)}
+    assert fresh.token.value != again.token.value  # another incarnation, another token
 
 
-def test_backfills_and_persist_false_leave_the_plan_alone(tracking: type[_Tracking]) -> None:  # noqa: F811
-    tracking.stored.update({(PLAN_START, "o-0"): 10, (PLAN_END, "o-0"): 60})
+def test_backfills_and_persist_false_hold_nothing_and_record_nothing(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
     explicit = jobs.plan_read(_CONN, superstream="o", consumer="etl", start={"o-0": 12}, end={"o-0": 15})
     assert not explicit.resumed and explicit.ranges == {"o-0": (12, 15), "o-1": (20, 200)}
+    assert explicit.mode == "backfill" and not explicit.stores
     peek = jobs.plan_read(_CONN, superstream="o", consumer="etl", persist=False)
-    assert not peek.resumed and peek.ranges["o-0"] == (10, 100)
-    assert tracking.stores == []
+    assert peek.mode == "backfill" and peek.ranges["o-0"] == (10, 100)
+    assert runs["written"] == [] and runs["leases"] == 0 and tracking.stores == []
+    stored = jobs.plan_read(_CONN, superstream="o", consumer="etl", start={"o-0": 12}, persist=True)
+    assert stored.mode == "watermark" and runs["leases"] == 1 and len(runs["written"]) == 1
 
 
-def test_retention_below_the_plan_is_data_loss_or_clamped(tracking: type[_Tracking]) -> None:  # noqa: F811
+def test_a_first_run_at_latest_records_where_it_started(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
+    from pyspark_rmqs.runs import record as run_record
+
+    first = jobs.plan_read(_CONN, superstream="o", consumer="new", starting_offsets="latest")
+    assert first.is_empty and first.start == {"o-0": 100, "o-1": 200}
+    assert jobs._watermarks_to_store(first) == {"o-0": 99, "o-1": 199}  # stored although empty
+    runs["records"]["new"] = runs["records"]["new"].moved_to(run_record.STORED)
+    # Nothing stored yet (say the store never happened on an empty stream): the record's start holds.
+    later = jobs.plan_read(_CONN, superstream="o", consumer="new", starting_offsets="latest")
+    assert later.start == {"o-0": 100, "o-1": 200}
+
+
+def test_retention_below_the_plan_is_data_loss_or_clamped(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
     tracking.stored[("etl", "o-1")] = 4  # next 5, but o-1 starts at 20 now
     with pytest.raises(DataLossError, match=r"offsets \[5, 20\) of stream 'o-1' are lost \(15 offsets\)"):
         jobs.plan_read(_CONN, superstream="o", consumer="etl")
@@ -62,7 +128,10 @@ def test_retention_below_the_plan_is_data_loss_or_clamped(tracking: type[_Tracki
     assert plan.ranges["o-1"] == (20, 200) and not plan.fail_on_data_loss
 
 
-def test_caps_and_bad_arguments(tracking: type[_Tracking]) -> None:  # noqa: F811
+def test_caps_and_bad_arguments(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
     plan = jobs.plan_read(_CONN, superstream="o", consumer="etl", max_messages=27)
     assert sum(e - s for s, e in plan.ranges.values()) == 27
     with pytest.raises(ConfigurationError, match="starting_offsets must be 'earliest' or 'latest'"):

@@ -866,16 +866,15 @@ def test_partition_watermark_arithmetic() -> None:
     }
 
 
-def test_watermarks_after_and_plan_names() -> None:
-    from pyspark_rmqs.watermarks import MAX_REFERENCE_LENGTH, plan_names, watermarks_after
+def test_watermarks_after_and_lease_names() -> None:
+    from pyspark_rmqs.runs.lease import MAX_NAME_BYTES, check_name
+    from pyspark_rmqs.watermarks import watermarks_after
 
     assert watermarks_after({"o-0": (10, 100), "o-1": (5, 5), "o-2": (0, 1)}) == {"o-0": 99, "o-2": 0}
-    assert plan_names("etl") == ("etl.rmqs-plan-start", "etl.rmqs-plan-end")
-    longest = MAX_REFERENCE_LENGTH - len(".rmqs-plan-start")
-    assert plan_names("x" * longest)[0] == "x" * longest + ".rmqs-plan-start"
+    assert check_name("x" * MAX_NAME_BYTES) == "x" * MAX_NAME_BYTES
     with pytest.raises(ConfigurationError) as e:
-        plan_names("x" * (longest + 1))
-    assert f"is {longest + 1} bytes; at most {longest} bytes (the broker allows 256" in str(e.value)
+        check_name("x" * (MAX_NAME_BYTES + 1))
+    assert f"is {MAX_NAME_BYTES + 1} bytes; the broker allows at most {MAX_NAME_BYTES}" in str(e.value)
 
 
 def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) -> None:
@@ -896,36 +895,6 @@ def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) ->
     for kwargs in ({}, {"stream": "single", "superstream": "o"}):
         with pytest.raises(ConfigurationError, match="exactly one of 'stream' or 'superstream'"):
             watermarks(_CONN, "etl", **kwargs)
-
-
-def test_record_plan_then_pending_plan_until_the_watermark_is_stored(tracking: type[_Tracking]) -> None:
-    from pyspark_rmqs.watermarks import pending_plan, record_plan, store_watermarks, watermarks
-
-    tracking.stored[("etl", "o-1")] = 49
-    record_plan(_CONN, "etl", {"o-0": (10, 100), "o-1": (50, 200), "o-2": (7, 7)})
-    assert tracking.stores == [
-        ("etl.rmqs-plan-start", {"o-0": 10, "o-1": 50}),  # starts first, then ends; empty ranges never
-        ("etl.rmqs-plan-end", {"o-0": 100, "o-1": 200}),
-    ]
-    w = watermarks(_CONN, "etl", superstream="o")
-    assert pending_plan(_CONN, w) == {"o-0": (10, 100), "o-1": (50, 200)}
-    store_watermarks(_CONN, "etl", {"o-0": 99, "o-1": -1})  # -1: nothing read, nothing stored
-    assert tracking.stores[-1] == ("etl", {"o-0": 99})
-    w = watermarks(_CONN, "etl", superstream="o")
-    assert pending_plan(_CONN, w) == {"o-1": (50, 200)}, "o-0's plan is done once its watermark is stored"
-    tracking.stored[("etl", "o-1")] = 70  # moved by hand: the recorded start no longer matches
-    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {}
-    stores = len(tracking.stores)
-    record_plan(_CONN, "etl", {"o-0": (5, 5)})
-    assert len(tracking.stores) == stores, "an empty plan records nothing"
-
-
-def test_pending_plan_ignores_half_recorded_and_empty_plans(tracking: type[_Tracking]) -> None:
-    from pyspark_rmqs.watermarks import pending_plan, watermarks
-
-    tracking.stored.update({("etl.rmqs-plan-start", "o-0"): 10, ("etl.rmqs-plan-start", "o-1"): 20})
-    tracking.stored[("etl.rmqs-plan-end", "o-1")] = 20  # end not past start
-    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {}
 
 
 def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
@@ -954,8 +923,6 @@ def test_watermark_edges(tracking: type[_Tracking]) -> None:
     from pyspark_rmqs.watermarks import (
         PartitionWatermark,
         Watermarks,
-        pending_plan,
-        plan_names,
         store_watermarks,
         store_watermarks_checked,
         watermarks,
@@ -966,9 +933,6 @@ def test_watermark_edges(tracking: type[_Tracking]) -> None:
     store_watermarks(_CONN, "etl", {"o-0": 0})  # only offset 0 was read: 0 is a watermark too
     store_watermarks_checked(_CONN, "etl", {"o-1": 0}, {"o-1": None})
     assert tracking.stores == [("etl", {"o-0": 0}), ("etl", {"o-1": 0})]
-    # A partition without a plan does not hide the next one's.
-    tracking.stored.update({("etl.rmqs-plan-start", "o-1"): 1, ("etl.rmqs-plan-end", "o-1"): 150})
-    assert pending_plan(_CONN, watermarks(_CONN, "etl", superstream="o")) == {"o-1": (1, 150)}
     with pytest.raises(WatermarkConflictError) as e:
         store_watermarks_checked(_CONN, "etl", {"o-1": 9, "o-0": 9}, {"o-0": None, "o-1": None})
     assert "since this run planned: 'o-0': None -> 0, 'o-1': None -> 0. Nothing" in str(e.value)
@@ -976,8 +940,10 @@ def test_watermark_edges(tracking: type[_Tracking]) -> None:
         "Run one pipeline per consumer name at a time (the operators and assets serialise runs by "
         "default), or give each its own consumer name"
     )
-    with pytest.raises(ConfigurationError) as c:
-        plan_names("ab" * 200)
-    assert str(c.value).startswith(f"consumer name '{'ab' * 20}...' is 400 bytes")
+    assert store_watermarks(_CONN, "etl", {"o-0": 0, "o-1": 5}) == {}
+    assert store_watermarks(_CONN, "etl", {"o-1": 2}) == {"o-1": 5}, "never backwards"
+    assert tracking.stored[("etl", "o-1")] == 5
+    assert store_watermarks(_CONN, "etl", {"o-1": 2}, allow_backwards=True) == {}
+    assert tracking.stored[("etl", "o-1")] == 2
     with pytest.raises(ConfigurationError, match=r"^give exactly one of 'stream' or 'superstream'$"):
         watermarks(_CONN, "etl")

@@ -243,6 +243,40 @@ class AsyncBrokerClient:
         finally:
             client.deliver_sinks.pop(sub, None)
 
+    async def find_message(
+        self, stream: str, offset: int, match: Callable[[bytes], bool]
+    ) -> tuple[int, bytes] | None:
+        """The first message at or after `offset` whose body `match`es: (its offset, its body).
+
+        Reads whole chunks from `offset` up to the stream's last chunk as StreamStats reports it
+        when the search began; None when no message there matches (or the stream is empty). Meant
+        for small metadata streams (the run records), not for user data.
+        """
+        from pyspark_rmqs.chunks import chunk_records
+        from pyspark_rmqs.codec import bodies
+
+        st = await self.stats(stream)
+        if st.is_empty:
+            return None
+        found: list[tuple[int, bytes]] = []
+
+        def done(chunk: Chunk) -> bool:
+            if chunk.chunk_type == 0:
+                for i, body in enumerate(bodies(chunk_records(chunk.data, chunk.num_entries))):
+                    at = chunk.first_offset + i
+                    if at >= offset and match(body):
+                        found.append((at, body))
+                        return True
+            return chunk.first_offset >= st.committed_chunk_id
+
+        spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, max(offset, st.first_offset))
+        chunks = await self._scan(stream, spec, done)
+        if found:
+            return found[0]
+        if not chunks or not done(chunks[-1]):
+            raise BrokerTimeoutError(f"reading '{stream}': the broker did not deliver its chunks in time")
+        return None
+
     async def _unsubscribe(self, client: RmqsClient, sub: int) -> None:
         """End a probe subscription; a broker that does not answer loses the metadata connection instead."""
         try:
@@ -287,6 +321,10 @@ class AsyncBrokerClient:
             return None
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
+
+    async def store_offset_unconfirmed(self, consumer: str, stream: str, offset: int) -> None:
+        """StoreOffset alone (the protocol sends no reply): for callers that read back themselves."""
+        await self._call("store_offset", lambda c: c.store_offset(stream, consumer, offset))
 
     async def stored_offsets(self, consumer: str, streams: Iterable[str]) -> dict[str, int | None]:
         names = list(streams)
@@ -411,6 +449,11 @@ class BrokerClient:
 
     def offset_for_timestamp(self, stream: str, timestamp_ms: int) -> int:
         return self._run(self.aio.offset_for_timestamp(stream, timestamp_ms), "offset_for_timestamp")
+
+    def find_message(
+        self, stream: str, offset: int, match: Callable[[bytes], bool]
+    ) -> tuple[int, bytes] | None:
+        return self._run(self.aio.find_message(stream, offset, match), "find_message")
 
     def stored_offset(self, consumer: str, stream: str) -> int | None:
         return self._run(self.aio.stored_offset(consumer, stream), "stored_offset")

@@ -1,0 +1,56 @@
+"""Which incarnation of a stream a run read: an identity a deleted and re-created stream cannot share.
+
+A run's token names its consumer and ranges; a stream deleted and created again under the same
+name starts again at offset 0, so its new `[0, 500)` would carry an old commit's token and be
+skipped as "already delivered". Kafka met the same problem and named topics by ID (KIP-516).
+
+RabbitMQ has no stream ID in the stream protocol, so rmqs keeps one in the stream itself: a random
+positive number stored as the offset of the tracking name `rmqs.incarnation` on each partition
+stream. Stored offsets live in the stream's own log (carried across retention by the broker's
+tracking snapshots), so they vanish with the stream: a re-created stream has none and gets a new
+number. Two processes that mark a new stream at the same moment may both store; the last store
+wins and both read it back, so every later reader agrees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterable
+
+from pyspark_rmqs.broker.client import AsyncBrokerClient
+from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
+
+REFERENCE = "rmqs.incarnation"
+
+
+async def _one(client: AsyncBrokerClient, stream: str) -> int:
+    found = await client.stored_offset(REFERENCE, stream)
+    if found is not None:
+        return found
+    mark = secrets.randbelow(2**62) + 1
+    await client.store_offset_unconfirmed(REFERENCE, stream, mark)
+    for _ in range(100):  # StoreOffset has no reply: read until a value (ours or a racer's) shows
+        found = await client.stored_offset(REFERENCE, stream)
+        if found is not None:
+            return found
+        await asyncio.sleep(0.02)
+    return mark
+
+
+async def aincarnations(conn: object, streams: Iterable[str]) -> dict[str, int]:
+    """The incarnation of each partition stream, marking streams that have none yet."""
+    client = AsyncBrokerClient(conn)
+    names = list(streams)
+    sem = asyncio.Semaphore(16)
+
+    async def bounded(s: str) -> int:
+        async with sem:
+            return await _one(client, s)
+
+    return dict(zip(names, await asyncio.gather(*(bounded(s) for s in names)), strict=True))
+
+
+def incarnations(conn: object, streams: Iterable[str]) -> dict[str, int]:
+    return run_sync(aincarnations(conn, streams), WATERMARKS_TIMEOUT_S, "incarnations")

@@ -1,0 +1,187 @@
+"""The run record: a run's whole state in one message of the records stream, found by one pointer.
+
+A watermark run (one that stores its consumer's watermark) writes its record before it reads:
+the consumer, every partition stream with its planned `[start, end)` and incarnation
+(`incarnation.py`), the watermarks it saw, its token and who runs it. It then moves the record
+through its states, each a new record:
+
+    planned    the range is fixed; nothing delivered yet
+    delivered  the sink returned (or the output committed the run's token): never deliver again
+    stored     every partition's watermark is stored: the run is over
+
+A retry (any worker, any time) reads the latest record and resumes it whole: the same ranges, the
+same token; a `delivered` record only stores; a `stored` one is done and a new run plans.
+
+Where it lives: records are messages (JSON bodies) of one stream per virtual host, `rmqs.runs`,
+created on first use. The consumer name's stored offset on that stream is the record's pointer:
+the tail of `rmqs.runs` just before the record was published. Since a consumer's records are
+written only by the run holding its lease (`lease.py`), its newest record is the first of its
+records at or after the pointer. Storing the pointer is the state change: one stored offset, so a
+transition happens whole or not at all — a record published by a process that died before
+storing the pointer is never found.
+
+`rmqs.runs` keeps the newest 1 GB of records (`max-length-bytes`): a record that retention
+removes belongs to a run long finished; a consumer whose record is gone plans from its
+watermark, as a consumer that never ran.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.codec import encode_body
+
+log = logging.getLogger(__name__)
+
+RUNS_STREAM = "rmqs.runs"
+RUNS_STREAM_ARGUMENTS = {"max-length-bytes": 1_000_000_000, "stream-max-segment-size-bytes": 16_000_000}
+VERSION = 1
+
+PLANNED = "planned"
+DELIVERED = "delivered"
+STORED = "stored"
+STATES = (PLANNED, DELIVERED, STORED)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of one consumer name: what it planned, on which stream incarnations, how far it got."""
+
+    consumer: str
+    run_id: str
+    target: str
+    superstream: bool
+    state: str
+    # Every partition stream planned, `[start, end)`; an empty range (start == end) records where
+    # the next run starts when nothing is stored yet (a first run at `latest`).
+    ranges: dict[str, tuple[int, int]]
+    incarnations: dict[str, int]
+    # The stored watermarks when the run planned (a store checks nobody else moved them).
+    seen: dict[str, int | None]
+    token: str
+    pipeline: str | None = None
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    @property
+    def done(self) -> bool:
+        return self.state == STORED
+
+    def moved_to(self, state: str) -> RunRecord:
+        assert state in STATES
+        return replace(self, state=state, updated_at=time.time())
+
+    def abandoned(self) -> RunRecord:
+        """This unfinished run given up (`rmqs watermark set`): done, and it read nothing.
+
+        Its ranges shrink to their starts, so a partition that stored nothing yet starts where this
+        run would have, never at its planned end.
+        """
+        return replace(
+            self,
+            state=STORED,
+            ranges={s: (a, a) for s, (a, _) in self.ranges.items()},
+            updated_at=time.time(),
+        )
+
+    def holder(self) -> str:
+        """Who runs it, for messages: the pipeline and run id, and since when."""
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))
+        who = f"pipeline '{self.pipeline}', " if self.pipeline else ""
+        return f"{who}run {self.run_id[:12]} started {since}, {self.state}"
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["v"] = VERSION
+        d["ranges"] = {s: list(r) for s, r in self.ranges.items()}
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes) -> RunRecord:
+        d = json.loads(body)
+        d.pop("v", None)
+        d["ranges"] = {s: (int(a), int(b)) for s, (a, b) in d["ranges"].items()}
+        d["incarnations"] = {s: int(v) for s, v in d["incarnations"].items()}
+        return cls(**d)
+
+
+def _is_record_of(consumer: str) -> Any:
+    marker = b'"consumer":' + json.dumps(consumer).encode()
+
+    def match(body: bytes) -> bool:
+        if marker not in body:  # cheap filter before parsing: most records are other consumers'
+            return False
+        try:
+            return bool(json.loads(body).get("consumer") == consumer)
+        except ValueError:
+            return False
+
+    return match
+
+
+_ready: set[Any] = set()
+_ready_lock = threading.Lock()
+
+
+def ensure_stream(conn: Any) -> None:
+    """Create `rmqs.runs` once per process and connection (creating an existing stream is a no-op)."""
+    key = conn.cache_key()
+    with _ready_lock:
+        if key in _ready:
+            return
+    BrokerClient(conn).create_stream(RUNS_STREAM, RUNS_STREAM_ARGUMENTS)
+    with _ready_lock:
+        _ready.add(key)
+
+
+def latest(conn: Any, consumer: str) -> RunRecord | None:
+    """The newest record of `consumer`, or None when it has none (never ran, or retention took it)."""
+    ensure_stream(conn)
+    client = BrokerClient(conn)
+    pointer = client.stored_offset(consumer, RUNS_STREAM)
+    if pointer is None:
+        return None
+    found = client.find_message(RUNS_STREAM, pointer, _is_record_of(consumer))
+    if found is None:
+        log.info(
+            "the run record of '%s' is no longer in %s (retention): planning from its watermark",
+            consumer,
+            RUNS_STREAM,
+        )
+        return None
+    return RunRecord.from_json(found[1])
+
+
+def write(conn: Any, record: RunRecord) -> RunRecord:
+    """Publish `record` and point the consumer at it: the transition happens when the pointer moves.
+
+    Call only while holding the consumer's lease (`lease.py`): the pointer rule relies on no other
+    process writing records of this consumer.
+    """
+    from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+
+    ensure_stream(conn)
+    client = BrokerClient(conn)
+    pointer = client.tail(RUNS_STREAM)
+    with StreamProducer(conn, RUNS_STREAM, superstream=False, settings=WriteSettings()) as producer:
+        producer.send([encode_body(record.to_json())])
+        producer.flush()
+    client.store_offsets(record.consumer, {RUNS_STREAM: pointer})
+    return record
+
+
+def advance(conn: Any, record: RunRecord, state: str) -> RunRecord:
+    """`record` moved to `state`, written."""
+    return write(conn, record.moved_to(state))
+
+
+def ranges_of(record: RunRecord) -> Mapping[str, tuple[int, int]]:
+    """The non-empty ranges of a record (what its run reads)."""
+    return {s: r for s, r in record.ranges.items() if r[1] > r[0]}
