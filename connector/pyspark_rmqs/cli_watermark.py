@@ -195,7 +195,7 @@ def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
         persist=False,
         fail_on_data_loss=False,
     )
-    pending = pending_ranges(conn, consumer)
+    pending = pending_ranges(conn, consumer, w.target)
     out: list[PartitionMove] = []
     impossible: list[str] = []
     for p in w.partitions:
@@ -231,7 +231,9 @@ def apply_move(conn: Any, move: Move) -> None:
     if not changed:
         return
     seen = {p.stream: p.current for p in move.partitions}
-    with acquire(conn, run_record.RUNS_STREAM, move.consumer, wait_s=5.0):
+    key = run_record.run_key(move.consumer, move.target)
+    what = f"consumer '{move.consumer}' on '{move.target}'"
+    with acquire(conn, run_record.RUNS_STREAM, key, wait_s=5.0, what=what):
         now = watermarks(conn, move.consumer, **Target(move.target, move.superstream).kw())
         current = now.stored_offsets()
         moved = {s: (seen[s], current.get(s)) for s in changed if current.get(s) != seen[s]}
@@ -241,17 +243,17 @@ def apply_move(conn: Any, move: Move) -> None:
                 f"the watermark of consumer '{move.consumer}' changed since it was read ({where}): a run "
                 "stored it. Nothing was changed; stop the pipelines of this consumer and try again"
             )
-        record = run_record.latest(conn, move.consumer)
+        record = run_record.latest(conn, move.consumer, move.target)
         if record is not None and not record.done:
             run_record.write(conn, record.abandoned())
         store_watermarks(conn, move.consumer, changed, allow_backwards=True)
 
 
-def pending_ranges(conn: Any, consumer: str) -> dict[str, tuple[int, int]]:
+def pending_ranges(conn: Any, consumer: str, target: str) -> dict[str, tuple[int, int]]:
     """The ranges of the consumer's unfinished run (its record), which its next try reads again."""
     from pyspark_rmqs.runs import record as run_record
 
-    record = run_record.latest(conn, consumer)
+    record = run_record.latest(conn, consumer, target)
     if record is None or record.done:
         return {}
     return dict(run_record.ranges_of(record))
@@ -264,7 +266,7 @@ def show(conn: Any, consumer: str, t: Target) -> dict[str, Any]:
 
     check_name(consumer)
     w = watermarks(conn, consumer, **t.kw())
-    pending = pending_ranges(conn, consumer)
+    pending = pending_ranges(conn, consumer, w.target)
     return {
         "target": w.target,
         "superstream": w.superstream,

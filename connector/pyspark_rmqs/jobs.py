@@ -229,16 +229,17 @@ def plan_read(
         return _plan(
             conn, target, consumer, start, end, max_messages, starting_offsets, fail_on_data_loss, None
         )
-    before = run_record.latest(conn, consumer)
+    before = run_record.latest(conn, consumer, target.name)
     lease = acquire_lease(
         conn,
         run_record.RUNS_STREAM,
-        consumer,
+        run_record.run_key(consumer, target.name),
         wait_s=lease_wait_s,
         holder=before.holder() if before is not None and not before.done else "",
+        what=f"consumer '{consumer}' on {target.describe()}",
     )
     try:
-        previous = run_record.latest(conn, consumer)  # under the lease: nobody else writes it now
+        previous = run_record.latest(conn, consumer, target.name)  # under the lease: nobody else writes it
         plan = _plan(
             conn,
             target,
@@ -296,7 +297,7 @@ def _plan(
             consumer,
             previous.target,
         )
-    if resume and usable is not None and not usable.done:
+    if resume and usable is not None and not usable.done and not _moved_by_others(usable, seen, consumer):
         log.info("consumer '%s' has an unfinished run (%s): resuming it whole", consumer, usable.holder())
         return _resumed(w, usable, incarnations, fail_on_data_loss)
     client = BrokerClient(conn)
@@ -356,6 +357,23 @@ def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fai
         incarnations,
         record,
     )
+
+
+def _moved_by_others(record: RunRecord, seen: Mapping[str, int | None], consumer: str | None) -> bool:
+    """Whether someone else moved a watermark since `record` planned (neither the run's own store
+    nor the value it saw): its plan is stale, and storing its end would fail anyway."""
+    moved = {
+        s: (record.seen.get(s), now)
+        for s, now in seen.items()
+        if s in record.ranges and now not in (record.seen.get(s), record.ranges[s][1] - 1)
+    }
+    if moved:
+        log.warning(
+            "consumer '%s': the watermark moved since its unfinished run planned (%s): planning anew",
+            consumer,
+            moved,
+        )
+    return bool(moved)
 
 
 def _same_streams(record: RunRecord, target: str, incarnations: Mapping[str, int]) -> bool:
@@ -777,7 +795,13 @@ def run_drain(
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
     target = Target.of(stream, superstream)
     # Two drains of one consumer name would store each other's watermarks: hold the name's lease.
-    with acquire_lease(conn, run_record.RUNS_STREAM, consumer, wait_s=DEFAULT_LEASE_WAIT_S):
+    with acquire_lease(
+        conn,
+        run_record.RUNS_STREAM,
+        run_record.run_key(consumer, target.name),
+        wait_s=DEFAULT_LEASE_WAIT_S,
+        what=f"consumer '{consumer}' on {target.describe()}",
+    ):
         return _drain(
             spark,
             conn,

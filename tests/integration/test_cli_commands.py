@@ -21,8 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pyspark_rmqs import cli, cli_common
+from pyspark_rmqs.cli_watermark import pending_ranges
 from pyspark_rmqs.jobs import plan_read
-from pyspark_rmqs.watermarks import pending_plan, watermarks
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import client, conn_of, publish, publish_keyed
 
@@ -174,7 +174,7 @@ def test_watermark_show_and_set_clear_pending_plans(broker: BrokerSettings, stre
     publish(broker, s, [b"x"] * 40)
     client(broker).store_offsets("etl", {s: 9})
     conn = conn_of(broker)
-    plan_read(conn, stream=s, consumer="etl")  # a run that planned [10, 40) and then died
+    plan_read(conn, stream=s, consumer="etl").release()  # a run that planned [10, 40) and then died
     a = ["--stream", s, "--consumer", "etl", *conn_args(broker)]
     show = json.loads(ok(rmqs("watermark", "show", *a, "--json")).stdout)
     assert show["partitions"] == [
@@ -192,10 +192,10 @@ def test_watermark_show_and_set_clear_pending_plans(broker: BrokerSettings, stre
     r = ok(rmqs("watermark", "set", *a, "--to", "20", "--dry-run"))
     assert "pending plan [10, 40) dropped" in r.stdout
     ok(rmqs("watermark", "set", *a, "--to", "20", "--yes"))  # the plan is stale now
-    # Back to 9: the old plan's start (10) would match again, had `set` not recorded an empty plan.
+    # Back to 9: the old run's record was settled by `set`, so its plan never comes back.
     ok(rmqs("watermark", "set", *a, "--to", "10", "--yes"))
     assert stored(broker, "etl", [s]) == {s: 9}
-    assert pending_plan(conn, watermarks(conn, "etl", stream=s)) == {}
+    assert pending_ranges(conn, "etl", s) == {}
     assert (
         json.loads(ok(rmqs("watermark", "show", *a, "--json")).stdout)["partitions"][0]["pending_plan"]
         is None

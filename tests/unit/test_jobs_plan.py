@@ -11,6 +11,7 @@ from pyspark_rmqs.delivery import RunToken
 from pyspark_rmqs.errors import ConfigurationError, DataLossError
 from tests.unit.test_offsets import _CONN, _Tracking, tracking  # noqa: F401 - the fixture
 
+
 class _Lease:
     released = 0
 
@@ -35,7 +36,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         state["leases"] += 1
         return _Lease()
 
-    monkeypatch.setattr(record, "latest", lambda conn, c: state["records"].get(c))
+    monkeypatch.setattr(record, "latest", lambda conn, c, target: state["records"].get(c))
     monkeypatch.setattr(record, "write", write)
     monkeypatch.setattr(jobs, "acquire_lease", lease)
     monkeypatch.setattr(jobs, "incarnations_of", lambda conn, ss: dict.fromkeys(ss, state["incarnation"]))

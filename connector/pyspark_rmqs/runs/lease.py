@@ -130,19 +130,27 @@ async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[Rm
     return client, sub
 
 
-def acquire(conn: Any, stream: str, name: str, *, wait_s: float = DEFAULT_WAIT_S, holder: str = "") -> Lease:
+def acquire(
+    conn: Any,
+    stream: str,
+    name: str,
+    *,
+    wait_s: float = DEFAULT_WAIT_S,
+    holder: str = "",
+    what: str = "",
+) -> Lease:
     """Hold `name`'s lease, waiting up to `wait_s` for a holder to finish; else `ConsumerBusyError`.
 
-    `holder` describes who holds it now (read from the name's run record by the caller) for the
-    error message.
+    `what` says what the name stands for in messages (e.g. "consumer 'etl' on 'orders'"); `holder`
+    describes who holds it now (read from the run record by the caller).
     """
-    check_name(name)
+    check_name(name, "lease name")
     got = run_sync(_acquire(conn, stream, name, wait_s), wait_s + 60.0, f"lease on '{name}'")
     if got is None:
         who = f" ({holder})" if holder else ""
         raise ConsumerBusyError(
-            f"'{name}' is held by another run{who}; waited {wait_s:.0f} s. This run read and stored "
-            "nothing. Run one pipeline per consumer name at a time (or give each its own name); a "
-            "retry succeeds once the other run ends, or at once if its process died"
+            f"{what or repr(name)} is held by another run{who}; waited {wait_s:.0f} s. This run read "
+            "and stored nothing. Run one pipeline per consumer name at a time (or give each its own "
+            "name); a retry succeeds once the other run ends, or at once if its process died"
         )
     return Lease(conn, name, *got)

@@ -13,7 +13,8 @@ A retry (any worker, any time) reads the latest record and resumes it whole: the
 same token; a `delivered` record only stores; a `stored` one is done and a new run plans.
 
 Where it lives: records are messages (JSON bodies) of one stream per virtual host, `rmqs.runs`,
-created on first use. The consumer name's stored offset on that stream is the record's pointer:
+created on first use. Records are kept per consumer name and target (`run_key`: a consumer's
+watermark is per stream). The key's stored offset on that stream is the record's pointer:
 the tail of `rmqs.runs` just before the record was published. Since a consumer's records are
 written only by the run holding its lease (`lease.py`), its newest record is the first of its
 records at or after the pointer. Storing the pointer is the state change: one stored offset, so a
@@ -27,6 +28,7 @@ watermark, as a consumer that never ran.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -71,6 +73,10 @@ class RunRecord:
     updated_at: float = field(default_factory=time.time)
 
     @property
+    def key(self) -> str:
+        return run_key(self.consumer, self.target)
+
+    @property
     def done(self) -> bool:
         return self.state == STORED
 
@@ -112,16 +118,33 @@ class RunRecord:
         return cls(**d)
 
 
-def _is_record_of(consumer: str) -> Any:
+def run_key(consumer: str, target: str) -> str:
+    """The name a consumer's runs on one stream or super stream are known by in `rmqs.runs`.
+
+    A consumer name's watermark is per stream, so two targets read under one consumer name are two
+    pipelines: each has its own record and lease. `<target>/<consumer>`, or, past the broker's
+    256-byte limit on names, their beginnings and a hash of the whole.
+    """
+    key = f"{target}/{consumer}"
+    if len(key.encode()) <= 256:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    head = target.encode()[:100].decode(errors="ignore")
+    tail = consumer.encode()[:100].decode(errors="ignore")
+    return f"{head}/{tail}#{digest}"
+
+
+def _is_record_of(consumer: str, target: str) -> Any:
     marker = b'"consumer":' + json.dumps(consumer).encode()
 
     def match(body: bytes) -> bool:
         if marker not in body:  # cheap filter before parsing: most records are other consumers'
             return False
         try:
-            return bool(json.loads(body).get("consumer") == consumer)
+            d = json.loads(body)
         except ValueError:
             return False
+        return bool(d.get("consumer") == consumer and d.get("target") == target)
 
     return match
 
@@ -141,14 +164,15 @@ def ensure_stream(conn: Any) -> None:
         _ready.add(key)
 
 
-def latest(conn: Any, consumer: str) -> RunRecord | None:
-    """The newest record of `consumer`, or None when it has none (never ran, or retention took it)."""
+def latest(conn: Any, consumer: str, target: str) -> RunRecord | None:
+    """The newest record of `consumer` on `target` (a stream or super stream name), or None when it
+    has none (never ran, or retention took it)."""
     ensure_stream(conn)
     client = BrokerClient(conn)
-    pointer = client.stored_offset(consumer, RUNS_STREAM)
+    pointer = client.stored_offset(run_key(consumer, target), RUNS_STREAM)
     if pointer is None:
         return None
-    found = client.find_message(RUNS_STREAM, pointer, _is_record_of(consumer))
+    found = client.find_message(RUNS_STREAM, pointer, _is_record_of(consumer, target))
     if found is None:
         log.info(
             "the run record of '%s' is no longer in %s (retention): planning from its watermark",
@@ -173,7 +197,7 @@ def write(conn: Any, record: RunRecord) -> RunRecord:
     with StreamProducer(conn, RUNS_STREAM, superstream=False, settings=WriteSettings()) as producer:
         producer.send([encode_body(record.to_json())])
         producer.flush()
-    client.store_offsets(record.consumer, {RUNS_STREAM: pointer})
+    client.store_offsets(record.key, {RUNS_STREAM: pointer})
     return record
 
 

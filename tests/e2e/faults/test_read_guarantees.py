@@ -23,7 +23,7 @@ from pyspark_rmqs.broker.client import PROBE_TIMEOUT_S
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
-from pyspark_rmqs.errors import BrokerUnavailableError, DataLossError, WatermarkConflictError
+from pyspark_rmqs.errors import BrokerUnavailableError, DataLossError
 from pyspark_rmqs.watermarks import store_watermarks, watermarks
 from tests.conftest import StreamFactory
 from tests.integration.test_spark_streaming import drain
@@ -299,50 +299,64 @@ def test_a_retry_reads_the_recorded_plan_even_after_new_data(
 def test_a_failure_between_the_sink_and_the_store_rereads_the_same_range(
     spark: Any, broker: BrokerSettings, streams: StreamFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Before the record says `delivered`, a retry delivers the same range again (at-least-once);
+    after it, a retry only stores: the sink never sees the range a third time."""
+    from pyspark_rmqs.runs import record as run_record
+
     s = streams.stream("store")
     conn = conn_of(broker)
     publish(broker, s, [f"a{i}".encode() for i in range(300)])
     seen: list[list[int]] = []
     plan = jobs.plan_read(conn, stream=s, consumer="st")
-    real = jobs.store_watermarks_checked
+    real_advance, real_store = run_record.advance, jobs.store_watermarks_checked
 
-    def store_fails(*a: Any, **k: Any) -> None:
+    def lost(*a: Any, **k: Any) -> None:
         publish(broker, s, [f"b{i}".encode() for i in range(30)])
-        raise BrokerUnavailableError("connection lost while storing (simulated)")
+        raise BrokerUnavailableError("connection lost after the sink (simulated)")
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
+    monkeypatch.setattr(run_record, "advance", lost)  # dies before the record says delivered
     with pytest.raises(BrokerUnavailableError):
         jobs.run_read(spark, conn, plan, _collecting_sink(seen))
-    monkeypatch.setattr(jobs, "store_watermarks_checked", real)
+    monkeypatch.setattr(run_record, "advance", real_advance)
+    monkeypatch.setattr(jobs, "store_watermarks_checked", lost)  # delivered, then the store fails
     retry = jobs.plan_read(conn, stream=s, consumer="st")
     assert retry.resumed and retry.ranges == {s: (0, 300)}
-    jobs.run_read(spark, conn, retry, _collecting_sink(seen))
+    with pytest.raises(BrokerUnavailableError) as e:
+        jobs.run_read(spark, conn, retry, _collecting_sink(seen))
+    assert getattr(e.value, "commit_state", None) == "committed"
     assert seen == [list(range(300))] * 2  # at-least-once: the same offsets, once more
+    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
+    last = jobs.plan_read(conn, stream=s, consumer="st")
+    assert last.resumed and last.delivered and last.ranges == {s: (0, 300)}
+    summary = jobs.run_read(spark, conn, last, _collecting_sink(seen))
+    assert summary.extra["sink_skipped"] and seen == [list(range(300))] * 2  # only stored
     assert watermarks(conn, "st", stream=s).partitions[0].stored == 299
 
 
-def test_two_runs_on_one_consumer_never_move_the_watermark_back(
+def test_a_second_run_on_one_consumer_fails_before_it_reads(
     spark: Any, broker: BrokerSettings, streams: StreamFactory
 ) -> None:
+    """The lease: while a run holds its consumer name, another fails with ConsumerBusyError before
+    reading anything; once the first ended (or its process died), the next run plans after it."""
+    from pyspark_rmqs.errors import ConsumerBusyError
+
     s = streams.stream("conc")
     conn = conn_of(broker)
     publish(broker, s, [f"a{i}".encode() for i in range(200)])
-    slow = jobs.plan_read(conn, stream=s, consumer="cc")
-    # A second run starts while the first is still reading: it takes over the same pending range.
-    fast = jobs.plan_read(conn, stream=s, consumer="cc")
-    assert fast.resumed and fast.ranges == slow.ranges == {s: (0, 200)}
+    slow = jobs.plan_read(conn, stream=s, consumer="cc", pipeline="dag/slow")
     seen: list[list[int]] = []
-    jobs.run_read(spark, conn, fast, _collecting_sink(seen))
+    with pytest.raises(ConsumerBusyError) as busy:
+        jobs.plan_read(conn, stream=s, consumer="cc", lease_wait_s=1)
+    assert "consumer 'cc'" in str(busy.value) and "pipeline 'dag/slow'" in str(busy.value)
+    assert busy.value.retryable
+    jobs.run_read(spark, conn, slow, _collecting_sink(seen))
     publish(broker, s, [f"b{i}".encode() for i in range(100)])
-    tail = client(broker).tail(s)
-    third = jobs.plan_read(conn, stream=s, consumer="cc")
-    jobs.run_read(spark, conn, third, _collecting_sink(seen))
-    assert watermarks(conn, "cc", stream=s).partitions[0].stored == tail - 1
-    with pytest.raises(WatermarkConflictError) as conflict:
-        jobs.run_read(spark, conn, slow, _collecting_sink(seen))
-    text = str(conflict.value)
-    assert "consumer 'cc'" in text and f"'{s}': None -> {tail - 1}" in text
-    assert watermarks(conn, "cc", stream=s).partitions[0].stored == tail - 1  # never moved back to 199
+    second = jobs.plan_read(conn, stream=s, consumer="cc", lease_wait_s=1)
+    jobs.run_read(spark, conn, second, _collecting_sink(seen))
+    # Every message once (offset-tracking entries between the two batches take offsets too).
+    assert seen[0] == list(range(200)) and len(seen) == 2
+    assert len(seen[1]) == 100 and seen[1] == list(range(seen[1][0], seen[1][0] + 100)) and seen[1][0] >= 200
+    assert watermarks(conn, "cc", stream=s).partitions[0].stored == seen[1][-1]
 
 
 def test_a_watermark_moved_by_hand_makes_the_pending_plan_stale(
@@ -351,7 +365,7 @@ def test_a_watermark_moved_by_hand_makes_the_pending_plan_stale(
     s = streams.stream("hand")
     conn = conn_of(broker)
     publish(broker, s, [f"a{i}".encode() for i in range(100)])
-    jobs.plan_read(conn, stream=s, consumer="hd")  # recorded [0, 100), never run
+    jobs.plan_read(conn, stream=s, consumer="hd").release()  # recorded [0, 100), never run
     store_watermarks(conn, "hd", {s: 49})  # an operator resets the watermark
     plan = jobs.plan_read(conn, stream=s, consumer="hd")
     assert not plan.resumed and plan.ranges == {s: (50, 100)}
@@ -364,6 +378,7 @@ def test_backfills_neither_read_nor_touch_the_recorded_plan(
     conn = conn_of(broker)
     publish(broker, s, [f"a{i}".encode() for i in range(100)])
     live = jobs.plan_read(conn, stream=s, consumer="bf")
+    live.release()  # the run dies here: its record stays
     backfill = jobs.plan_read(conn, stream=s, consumer="bf", start={s: 10}, end={s: 20})
     assert not backfill.resumed and backfill.ranges == {s: (10, 20)}
     jobs.run_read(spark, conn, backfill, _collecting_sink([]), store_watermark=False)
