@@ -116,7 +116,7 @@ def build_stream_asset(
     `engine="spark"` (default) reads with Spark (resource `spark_key`: a SparkSession, a
     `SparkSessionResource`, or any resource with `get_session()` / `spark_session`); `sink` then
     takes the DataFrame. `engine="arrow"` reads without Spark (pyspark is never imported): Parquet
-    files `<stream>-<start>-<end>.parquet` under `output_path`, or `sink` called per
+    files `<stream>-<start>-<end>-<run>.parquet` under `output_path`, or `sink` called per
     `pyarrow.RecordBatch`. The broker is the `RabbitMQStreamsResource` under `rabbitmq_key`.
 
     `delivery="exactly_once"` (default) commits the Spark engine's files under each run's range

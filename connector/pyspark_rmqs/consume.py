@@ -10,7 +10,8 @@ Memory is bounded by `queueCapacity` and one batch, whatever the range: batches 
 reader to the sink and are never collected. Sinks:
 - `FunctionSink(fn)`: `fn(batch)` for every batch (the Airflow operator's `apply_function`);
 - `ParquetSink(output_path)`: one Parquet file per partition stream and range, named
-  `<stream>-<start>-<end>.parquet`, written under a temporary name and renamed once complete, so a
+  `<stream>-<start>-<end>-<run>.parquet` (`<run>`: the start of the run's token), written under a
+  temporary name and renamed once complete, so a
   retry of the same range replaces the file instead of adding a duplicate.
 
 Used by the Spark-free Airflow operator and by Dagster's `engine="arrow"`; imports no pyspark.
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.delivery import FileCommits, local_path, takes_token
+from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
@@ -89,10 +90,16 @@ class FunctionSink:
         pass
 
 
-def range_file_name(stream: str, start: int, end: int) -> str:
-    """`<stream>-<start>-<end>.parquet`: the same range always has the same name."""
+def range_file_name(stream: str, start: int, end: int, token: RunToken | None = None) -> str:
+    """`<stream>-<start>-<end>-<run>.parquet`: a run's range always has the same name.
+
+    `<run>` is the start of the run's token (consumer, ranges, stream incarnations), so a retry of
+    the run replaces its own file, while another consumer, or a stream deleted and created again,
+    never overwrites it.
+    """
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stream)
-    return f"{safe}-{start}-{end}.parquet"
+    run = f"-{token.value[:12]}" if token is not None else ""
+    return f"{safe}-{start}-{end}{run}.parquet"
 
 
 class ParquetSink:
@@ -115,12 +122,17 @@ class ParquetSink:
         self.outputs: list[str] = []
         self._writer: Any = None
         self._tmp = self._final = ""
+        self._token: RunToken | None = None
+
+    def begin_run(self, token: RunToken) -> None:
+        """The run's token names its files (`range_file_name`)."""
+        self._token = token
 
     def open(self, stream: str, start: int, end: int, schema: pa.Schema) -> None:
         import pyarrow.parquet as pq
 
         self.fs.create_dir(self.base, recursive=True)
-        name = range_file_name(stream, start, end)
+        name = range_file_name(stream, start, end, self._token)
         self._final = f"{self.base.rstrip('/')}/{name}"
         self._tmp = f"{self.base.rstrip('/')}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
         self._writer = pq.ParquetWriter(self._tmp, schema, filesystem=self.fs, compression=self.compression)
@@ -231,7 +243,7 @@ def _run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    if plan.delivered:
+    if record is None and plan.delivered:
         skip_delivered(plan, summary)
     elif record is None and committed_run is not None and not plan.is_empty and committed_run(token):
         log.info("range %s is already in %s (token %s): not written again", plan.ranges, target, token.value)

@@ -50,6 +50,7 @@ from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.planning import Bounds, Position, resolve_positions
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.incarnation import incarnations as incarnations_of
+from pyspark_rmqs.runs.incarnation import same as same_incarnation
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
@@ -207,17 +208,17 @@ def plan_read(
     fail_on_data_loss: bool = True,
     persist: bool | None = None,
     pipeline: str | None = None,
-    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+    lease_wait_s: float | None = None,
 ) -> ReadPlan:
     """Fix `[start, end)` per partition stream now (tails as of this call), metadata only.
 
     A run that stores its consumer's watermark (`persist`; by default exactly the runs that start
     at the watermark) first takes the consumer's lease (`ConsumerBusyError` when another run holds
-    it past `lease_wait_s`), then resumes the consumer's unfinished run record whole (same ranges,
-    same token) or plans anew and writes a `planned` record, all before anything is read. Other
-    runs (explicit offsets or times: backfills) hold nothing, record nothing and never store.
-    Release the lease with `plan.release()` if the plan is not run (`run_read`, `run_consume` and
-    the operators release it).
+    it past `lease_wait_s`, default `DEFAULT_LEASE_WAIT_S`), then resumes the consumer's unfinished
+    run record whole (same ranges, same token) or plans anew and writes a `planned` record, all
+    before anything is read. Other runs (explicit offsets or times: backfills) hold nothing,
+    record nothing and never store. Release the lease with `plan.release()` if the plan is not
+    run (`run_read`, `run_consume` and the operators release it).
     """
     if starting_offsets not in ("earliest", "latest"):
         raise ConfigurationError(f"starting_offsets must be 'earliest' or 'latest'; got {starting_offsets!r}")
@@ -234,7 +235,7 @@ def plan_read(
         conn,
         run_record.RUNS_STREAM,
         run_record.run_key(consumer, target.name),
-        wait_s=lease_wait_s,
+        wait_s=DEFAULT_LEASE_WAIT_S if lease_wait_s is None else lease_wait_s,
         holder=before.holder() if before is not None and not before.done else "",
         what=f"consumer '{consumer}' on {target.describe()}",
     )
@@ -380,7 +381,7 @@ def _same_streams(record: RunRecord, target: str, incarnations: Mapping[str, int
     """Whether `record` was planned on these very streams (same target, no partition re-created)."""
     if record.target != target:
         return False
-    return all(incarnations.get(s, v) == v for s, v in record.incarnations.items())
+    return all(same_incarnation(v, incarnations.get(s, v)) for s, v in record.incarnations.items())
 
 
 # --------------------------------------------------------------------------------------- Spark
@@ -520,7 +521,7 @@ def run_read(
         token = plan.token
         exactly_once = isinstance(sink, FileOutput) and sink.exactly_once
         summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
-        if plan.delivered:
+        if plan.delivered and not exactly_once:  # an exactly-once output's record has the counts
             skip_delivered(plan, summary)
         elif not plan.is_empty:
             extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}

@@ -10,7 +10,6 @@ read, no JVM is started. `awatermarks` / `astore_watermarks` run on the caller's
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -20,8 +19,6 @@ from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.errors import WatermarkConflictError
 from pyspark_rmqs.target import Target
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,20 +127,10 @@ async def astore_watermarks(
     watermark they keep.
     """
     client = AsyncBrokerClient(conn)
-    wanted = {s: o for s, o in last_offsets.items() if o >= 0}
-    kept: dict[str, int] = {}
-    if not allow_backwards and wanted:
-        now = await client.stored_offsets(consumer, list(wanted))
-        kept = {s: v for s, o in wanted.items() if (v := now[s]) is not None and o < v}
-        if kept:
-            log.warning(
-                "not moving the watermark of consumer '%s' backwards on %s (stored, given): %s",
-                consumer,
-                sorted(kept),
-                {s: (kept[s], wanted[s]) for s in sorted(kept)},
-            )
-    await client.store_offsets(consumer, {s: o for s, o in wanted.items() if s not in kept})
-    return kept
+    if allow_backwards:
+        await client.store_offsets(consumer, {s: o for s, o in last_offsets.items() if o >= 0})
+        return {}
+    return await client.store_offsets_forward(consumer, last_offsets)
 
 
 def store_watermarks(

@@ -58,8 +58,9 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         `pyarrow.RecordBatch` of the source schema (`value`, `stream`, `offset`, `chunk_timestamp`
         and the `metadata_fields`), then `*apply_function_args, **apply_function_kwargs`.
     :param output_path: instead, a directory (or `s3://...` URI pyarrow can write): one Parquet file
-        per partition stream and run, `<stream>-<start>-<end>.parquet`, written under a temporary
-        name and renamed when complete; a retry of the same range replaces it. A local folder also
+        per partition stream and run, `<stream>-<start>-<end>-<run>.parquet` (`<run>`: the run's
+        token), written under a temporary name and renamed when complete; a retry of the same run
+        replaces it, another consumer or a re-created stream never does. A local folder also
         gets a commit record per run (`_rmqs_commits/`): a retry of a committed range reads nothing.
     :param output_format: "parquet" (default) or "iceberg": then `output_path` is an Iceberg table
         (`namespace.table`, created from the source schema) in the pyiceberg catalog configured by

@@ -166,7 +166,8 @@ def test_consume_parquet_superstream_one_file_per_range_and_a_retry_replaces_it(
     with pytest.raises(ConnectionError):
         op.execute({})
     first_files = sorted(p.name for p in out.iterdir() if not p.name.startswith("_"))
-    assert first_files == sorted(f"{p}-0-{expected[p]}.parquet" for p in parts)
+    token = json.loads(next((out / "_rmqs_commits").iterdir()).read_text())["token"]
+    assert first_files == sorted(f"{p}-0-{expected[p]}-{token[:12]}.parquet" for p in parts)
     assert len(list((out / "_rmqs_commits").iterdir())) == 1  # committed before the store failed
     monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
     publish_keyed(broker, name, [("late", b"late")])  # not in the pending plan

@@ -484,8 +484,9 @@ class _FakeClient:
     def __init__(self) -> None:
         self.stored: list[tuple[str, dict[str, int]]] = []
 
-    def store_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+    def store_offsets_forward(self, consumer: str, offsets: dict[str, int]) -> dict[str, int]:
         self.stored.append((consumer, dict(offsets)))
+        return {}
 
 
 class _FakeMeta:

@@ -358,6 +358,22 @@ class AsyncBrokerClient:
 
         await asyncio.gather(*(one(s, o) for s, o in offsets.items() if o >= 0))
 
+    async def store_offsets_forward(self, consumer: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        """`store_offsets`, never moving a stored offset backwards: a value below the stored one is
+        not stored; returns those streams with the offset they keep (a watermark never goes back)."""
+        wanted = {s: o for s, o in offsets.items() if o >= 0}
+        now = await self.stored_offsets(consumer, list(wanted))
+        kept = {s: v for s, o in wanted.items() if (v := now[s]) is not None and o < v}
+        if kept:
+            log.warning(
+                "not moving the stored offset of '%s' backwards on %s (stored, given): %s",
+                consumer,
+                sorted(kept),
+                {s: (kept[s], wanted[s]) for s in sorted(kept)},
+            )
+        await self.store_offsets(consumer, {s: o for s, o in wanted.items() if s not in kept and o != now[s]})
+        return kept
+
     async def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
         try:
             await self._call("create_stream", lambda c: c.create_stream(stream, dict(arguments or {})))
@@ -463,6 +479,9 @@ class BrokerClient:
 
     def store_offsets(self, consumer: str, offsets: Mapping[str, int]) -> None:
         self._run(self.aio.store_offsets(consumer, offsets), "store_offsets")
+
+    def store_offsets_forward(self, consumer: str, offsets: Mapping[str, int]) -> dict[str, int]:
+        return self._run(self.aio.store_offsets_forward(consumer, offsets), "store_offsets")
 
     def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
         self._run(self.aio.create_stream(stream, arguments), "create_stream")

@@ -23,12 +23,22 @@ from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 
 REFERENCE = "rmqs.incarnation"
+UNMARKED = 0  # an empty stream: no marker yet (matches any incarnation, see `same`)
+
+
+def same(recorded: int, now: int) -> bool:
+    """Whether two incarnations may be the same stream (an unmarked empty stream matches any)."""
+    return recorded == now or UNMARKED in (recorded, now)
 
 
 async def _one(client: AsyncBrokerClient, stream: str) -> int:
     found = await client.stored_offset(REFERENCE, stream)
     if found is not None:
         return found
+    if (await client.stats(stream)).is_empty:
+        # Nothing to tell apart yet, and a stream holding only offset-tracking entries has no
+        # chunk a subscriber is ever sent, which makes its tail unprovable: mark it once it has data.
+        return UNMARKED
     mark = secrets.randbelow(2**62) + 1
     await client.store_offset_unconfirmed(REFERENCE, stream, mark)
     for _ in range(100):  # StoreOffset has no reply: read until a value (ours or a racer's) shows

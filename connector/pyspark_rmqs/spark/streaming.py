@@ -262,7 +262,8 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
 
     def commit(self, end: dict[str, int]) -> None:
         """Store the last committed offset per stream for `consumerName` (best effort, bounded wait,
-        never raises): the batch's merged splits (`committed_offsets`) minus one."""
+        never raises): the batch's merged splits (`committed_offsets`) minus one, never below what
+        is stored (a query restarted from an older checkpoint does not move the watermark back)."""
         nexts = self.committed_offsets(end)
         if not (self.opts.server_side_offset_tracking and self.opts.consumer_name):
             return
@@ -277,7 +278,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
 
         def store() -> None:
             try:
-                client.store_offsets(consumer, last)
+                client.store_offsets_forward(consumer, last)
             except (RmqsError, OSError) as e:
                 log.warning(
                     "could not store offsets of '%s' in the broker (Spark's checkpoint is unaffected): %s",

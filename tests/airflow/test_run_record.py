@@ -1,0 +1,280 @@
+"""The run record at the watermark protocol's edges (issue 26), through the public operators.
+
+Every test runs against the real broker and counts offsets: what the output holds per (stream,
+offset), and where the watermark is. Each case failed on the protocol before the run record
+(partition-wise plans, a token without stream identity, no lease).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamReadOperator
+from pyspark_rmqs import jobs
+from pyspark_rmqs.errors import ConsumerBusyError
+from pyspark_rmqs.watermarks import store_watermarks, watermarks
+from tests.support import broker as tb
+from tests.support.broker import BrokerSettings
+from tests.support.data import conn_of, publish
+
+pytestmark = [pytest.mark.broker, pytest.mark.airflow]
+
+
+class Crash(BaseException):
+    """The process dying at a chosen point (a BaseException: nothing on the way catches it)."""
+
+
+def parquet_offsets(path: Path) -> list[tuple[str, int]]:
+    """Every (stream, offset) in a Parquet output folder, repeats kept (rmqs's `_` folders skipped)."""
+    t = pads.dataset(str(path), format="parquet", partitioning="hive", exclude_invalid_files=True).to_table(
+        columns=["stream", "offset"]
+    )
+    return sorted(zip(t.column("stream").to_pylist(), t.column("offset").to_pylist(), strict=True))
+
+
+def crash_after_the_first_partition_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run stores its first partition's watermark, then its process dies."""
+
+    def store_one_then_die(conn: Any, consumer: str, wanted: dict[str, int], seen: Any) -> None:
+        first = sorted(wanted)[0]
+        store_watermarks(conn, consumer, {first: wanted[first]})
+        raise Crash(f"process killed after storing {first}")
+
+    monkeypatch.setattr(jobs, "store_watermarks_checked", store_one_then_die)
+
+
+# --------------------------------------------------------------------------------- 1: latest
+
+
+def test_a_consumer_starting_at_latest_reads_everything_after_its_first_run(
+    broker: BrokerSettings, streams: Any
+) -> None:
+    s = streams.stream("latest")
+    got: list[pa.RecordBatch] = []
+
+    def run() -> dict[str, Any]:
+        op = RabbitMQStreamConsumeOperator(
+            task_id="c", stream=s, consumer_name="late", starting_offsets="latest", apply_function=got.append
+        )
+        return op.execute({})
+
+    publish(broker, s, [b"old"] * 100)
+    reads = [run()["rows"]]
+    publish(broker, s, [b"a"] * 200)
+    reads.append(run()["rows"])
+    publish(broker, s, [b"b"] * 300)
+    last = run()
+    reads.append(last["rows"])
+    assert reads == [0, 200, 300] and last["lag_after"] == 0
+    bodies = [v for b in got for v in b["value"].to_pylist()]
+    assert bodies == [b"a"] * 200 + [b"b"] * 300
+
+
+def test_a_consumer_starting_at_latest_on_an_empty_stream_reads_the_first_messages(
+    broker: BrokerSettings, streams: Any
+) -> None:
+    s = streams.stream("latest0")
+    got: list[pa.RecordBatch] = []
+    op = RabbitMQStreamConsumeOperator(
+        task_id="c", stream=s, consumer_name="late0", starting_offsets="latest", apply_function=got.append
+    )
+    assert op.execute({})["rows"] == 0
+    publish(broker, s, [b"first"] * 50)
+    assert op.execute({})["rows"] == 50
+    assert sorted(o for b in got for o in b["offset"].to_pylist()) == list(range(50))  # nothing before
+
+
+# ------------------------------------------------------------------------ 2: explicit ranges
+
+
+def test_an_explicit_range_run_is_a_backfill_and_never_moves_the_watermark_back(
+    broker: BrokerSettings, streams: Any, tmp_path: Path
+) -> None:
+    s = streams.stream("explicit")
+    publish(broker, s, [f"m{i}".encode() for i in range(3000)])
+    out = tmp_path / "out"
+    live = RabbitMQStreamConsumeOperator(task_id="live", stream=s, consumer_name="ex", output_path=str(out))
+    first = live.execute({})
+    assert first["rows"] == 3000 and first["mode"] == "watermark"
+    stored = watermarks(conn_of(broker), "ex", stream=s).partitions[0].stored
+    assert stored == 2999
+    backfill = RabbitMQStreamConsumeOperator(
+        task_id="bf",
+        stream=s,
+        consumer_name="ex",
+        start={s: 0},
+        end={s: 1000},
+        output_path=str(tmp_path / "backfill"),
+    )
+    summary = backfill.execute({})
+    assert summary["mode"] == "backfill" and summary["rows"] == 1000 and not summary["watermark_stored"]
+    assert watermarks(conn_of(broker), "ex", stream=s).partitions[0].stored == 2999
+    # Asked to store, it still never moves the watermark back, and says where it left it.
+    asked = RabbitMQStreamConsumeOperator(
+        task_id="bf2",
+        stream=s,
+        consumer_name="ex",
+        start={s: 0},
+        end={s: 1000},
+        store_watermark=True,
+        output_path=str(tmp_path / "backfill2"),
+    ).execute({})
+    assert asked["watermark_kept"] == {s: 2999} and not asked["watermark_stored"]
+    again = live.execute({})
+    assert again["rows"] == 0
+    assert parquet_offsets(out) == [(s, o) for o in range(3000)]  # every offset once, no re-read
+
+
+# -------------------------------------------------- 3: a crash between per-partition stores
+
+
+@pytest.mark.spark
+def test_a_spark_read_killed_between_partition_stores_writes_every_offset_once(
+    spark: Any, broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, parts = streams.super_stream(2, prefix="split")
+    for p in parts:
+        publish(broker, p, [f"{p}-{i}".encode() for i in range(300)])
+    out = tmp_path / "out"
+
+    def op() -> RabbitMQStreamReadOperator:
+        return RabbitMQStreamReadOperator(
+            task_id="read", superstream=name, consumer_name="split", output_path=str(out)
+        )
+
+    with monkeypatch.context() as m:
+        crash_after_the_first_partition_store(m)
+        with pytest.raises(Crash):
+            op().execute({})
+    retry = op().execute({})
+    assert retry["resumed_plan"] and retry["sink_skipped"]
+    assert parquet_offsets(out) == sorted((p, o) for p in parts for o in range(300))
+    stored = watermarks(conn_of(broker), "split", superstream=name).stored_offsets()
+    assert stored == dict.fromkeys(parts, 299)
+    publish(broker, parts[1], [b"new"] * 10)
+    assert op().execute({})["rows"] == 10
+
+
+@pytest.mark.parametrize("output", ["parquet", "iceberg"])
+def test_a_consume_run_killed_between_partition_stores_writes_every_offset_once(
+    broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    name, parts = streams.super_stream(2, prefix="csplit")
+    for p in parts:
+        publish(broker, p, [f"{p}-{i}".encode() for i in range(300)])
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+    path = "lake.events" if output == "iceberg" else str(tmp_path / "out")
+
+    def run() -> dict[str, Any]:
+        return RabbitMQStreamConsumeOperator(
+            task_id="c",
+            superstream=name,
+            consumer_name="csplit",
+            output_path=path,
+            output_format=output,
+            iceberg_catalog=catalog,
+        ).execute({})
+
+    with monkeypatch.context() as m:
+        crash_after_the_first_partition_store(m)
+        with pytest.raises(Crash):
+            run()
+    retry = run()
+    assert retry["resumed_plan"] and retry["sink_skipped"]
+    if output == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        t = (
+            load_catalog("rmqs", **catalog)
+            .load_table(path)
+            .scan(selected_fields=("stream", "offset"))
+            .to_arrow()
+        )
+        got = sorted(zip(t.column("stream").to_pylist(), t.column("offset").to_pylist(), strict=True))
+    else:
+        got = parquet_offsets(Path(path))
+    assert got == sorted((p, o) for p in parts for o in range(300))
+    assert watermarks(conn_of(broker), "csplit", superstream=name).stored_offsets() == dict.fromkeys(
+        parts, 299
+    )
+
+
+# ------------------------------------------------------------------ 4: a re-created stream
+
+
+def test_a_deleted_and_recreated_stream_is_read_again_not_skipped(
+    broker: BrokerSettings, streams: Any, tmp_path: Path
+) -> None:
+    s = streams.stream("again")
+    out = tmp_path / "out"
+    op = RabbitMQStreamConsumeOperator(task_id="c", stream=s, consumer_name="again", output_path=str(out))
+    publish(broker, s, [f"old-{i}".encode() for i in range(500)])
+    assert op.execute({})["rows"] == 500
+    tb.run(tb.delete_stream(broker, s))
+    tb.run(tb.create_stream(broker, s))
+    publish(broker, s, [f"new-{i}".encode() for i in range(500)])
+    first = op.execute({})
+    assert first["rows"] == 500 and not first.get("sink_skipped")
+    second = op.execute({})
+    assert second["rows"] == 0
+    bodies = sorted(
+        pads.dataset(str(out), format="parquet").to_table(columns=["value"]).column("value").to_pylist()
+    )
+    assert bodies == sorted(
+        [f"old-{i}".encode() for i in range(500)] + [f"new-{i}".encode() for i in range(500)]
+    )
+
+
+# ------------------------------------------------------------ 11: two runs on one consumer
+
+
+def test_a_second_run_on_the_same_consumer_fails_before_it_reads(
+    broker: BrokerSettings, streams: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = streams.stream("twice")
+    publish(broker, s, [f"m{i}".encode() for i in range(600)])
+    inside, finish = threading.Event(), threading.Event()
+    first_rows: list[int] = []
+    second_rows: list[int] = []
+
+    def slow(batch: pa.RecordBatch) -> None:
+        first_rows.extend(batch["offset"].to_pylist())
+        inside.set()
+        assert finish.wait(60)
+
+    result: dict[str, Any] = {}
+
+    def first() -> None:
+        op = RabbitMQStreamConsumeOperator(
+            task_id="one", stream=s, consumer_name="twice", apply_function=slow
+        )
+        result.update(op.execute({"ti": None}))
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(60)
+    second = RabbitMQStreamConsumeOperator(
+        task_id="two",
+        stream=s,
+        consumer_name="twice",
+        apply_function=lambda b: second_rows.extend(b["offset"].to_pylist()),
+    )
+    monkeypatch.setattr(jobs, "DEFAULT_LEASE_WAIT_S", 1.0)  # fail after 1 s instead of 10
+    with pytest.raises(ConsumerBusyError) as busy:
+        second.execute({})
+    assert "consumer 'twice'" in str(busy.value) and "waited 1 s" in str(busy.value)
+    assert second_rows == []  # it read nothing
+    finish.set()
+    t.join(60)
+    assert result["rows"] == 600 and sorted(first_rows) == list(range(600))
+    assert second.execute({})["rows"] == 0  # the first run stored: nothing left
