@@ -47,7 +47,7 @@ from pyspark_rmqs.errors import (
     report_data_loss,
 )
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.planning import Bounds, Position, resolve_positions
+from pyspark_rmqs.planning import Bounds, Position, merge_spans, resolve_positions, timestamp_start_loss
 from pyspark_rmqs.target import Target
 from pyspark_rmqs.watermarks import (
     pending_plan,
@@ -80,6 +80,8 @@ class ReadPlan:
     resumed: bool = False
     # Carried into the executors: a gap found while reading fails the run or is skipped and logged.
     fail_on_data_loss: bool = True
+    # Offsets found lost while planning and skipped (failOnDataLoss=false): the summary's `data_loss`.
+    data_loss: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -176,6 +178,7 @@ def plan_read(
     seen = w.stored_offsets()
     watermark_run = bool(consumer) and persist and isinstance(start, str) and start == "watermark"
     pending = pending_plan(conn, w) if watermark_run else {}
+    lost: dict[str, list[int]] = {}
     if pending:
         starts = {p.stream: pending.get(p.stream, (p.next_offset, 0))[0] for p in w.partitions}
         ends = {p.stream: pending.get(p.stream, (0, p.next_offset))[1] for p in w.partitions}
@@ -185,6 +188,7 @@ def plan_read(
         b = Bounds({p.stream: p.first for p in w.partitions}, {p.stream: p.tail for p in w.partitions})
         stored = seen if consumer else None
         starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
+        lost = timestamp_start_loss(client, b, start, fail_on_data_loss)
         ends = resolve_positions(client, b, end, is_end=True)
     for p in w.partitions:
         s = p.stream
@@ -197,7 +201,9 @@ def plan_read(
         ends[s] = max(starts[s], min(ends[s], p.tail))
     if max_messages is not None and not pending:
         ends = off.apply_limit(starts, ends, max_messages)
-    plan = ReadPlan(w.target, w.superstream, consumer, starts, ends, seen, bool(pending), fail_on_data_loss)
+    plan = ReadPlan(
+        w.target, w.superstream, consumer, starts, ends, seen, bool(pending), fail_on_data_loss, lost
+    )
     if watermark_run and not pending and consumer:
         record_plan(conn, consumer, plan.ranges)
     return plan
@@ -349,7 +355,9 @@ def run_read(
                 raise mark_commit_state(e, CommitState.BEFORE) from None
             _count_read(summary, obs)
         if not plan.fail_on_data_loss:
-            summary.extra["data_loss"] = _retention_during(conn, plan)
+            summary.extra["data_loss"] = merge_spans(plan.data_loss, _retention_during(conn, plan))
+    elif plan.data_loss:  # nothing left to read: what planning found lost and skipped
+        summary.extra["data_loss"] = dict(plan.data_loss)
     return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
 
 

@@ -605,6 +605,10 @@ class _TimestampClient:
         self.calls.append((stream, millis))
         return millis // 1000
 
+    def oldest_chunks(self, streams: list[str]) -> dict[str, tuple[int, int] | None]:
+        """The oldest chunk kept starts at the first offset, written at the time that offset maps to."""
+        return {s: (_BOUNDS["first"][s], _BOUNDS["first"][s] * 1000) for s in streams}
+
 
 _BOUNDS = {"first": {"o-0": 10, "o-1": 20}, "tail": {"o-0": 100, "o-1": 200}}
 

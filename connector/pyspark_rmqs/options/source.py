@@ -105,7 +105,8 @@ class SourceOptions(TargetOptions):
         "failOnDataLoss",
         True,
         "fail when offsets to read were removed by retention or a partition vanished; `false` logs and "
-        "skips them",
+        "skips them. A start by timestamp on a stream retention truncated is data loss when the oldest "
+        "chunk kept is later than that time (what was removed may hold messages at or after it)",
     )
     starting_offsets: StartingOffsetsKind = option(
         "startingOffsets",
