@@ -48,10 +48,28 @@ def check_version(
 
 
 def partition_streams(client: BrokerClient, opts: SourceOptions) -> list[str]:
-    """The streams read: the stream itself, or the super stream's partitions in the broker's order."""
+    """The streams read: the stream itself, or the super stream's partitions in the broker's order.
+
+    An `endingOffsets` JSON object (batch reads) names the partitions a read covers: a partition it
+    does not name is not read. Its end is what bounds a batch read, and a plan recorded as offsets
+    JSON (`jobs.read_options`, a saved range) must read the same partitions after the super stream
+    gained one. Spark's Kafka source refuses such a JSON outright; naming a partition with -1 reads it
+    to its tail. A `startingOffsets` JSON does not restrict: an unnamed partition starts at its first
+    offset, as partitions added to a streaming query do.
+    """
     parts = opts.target.streams(client, hint=f" (option '{opts.alias('stream')}')")
     if opts.is_super_stream:
         opts.validate_partitions(parts)
+        if opts.ending_offsets_json is not None:
+            unnamed = [p for p in parts if p not in opts.ending_offsets_json]
+            if unnamed:
+                log.info(
+                    "option '%s' does not name partition stream(s) %s of '%s': not read",
+                    opts.alias("ending_offsets"),
+                    ", ".join(unnamed),
+                    opts.name,
+                )
+            parts = [p for p in parts if p in opts.ending_offsets_json]
     return parts
 
 
@@ -96,8 +114,9 @@ def resolve_positions(
 ) -> dict[str, int]:
     """The offset per partition stream of `b` for a start (`is_end=False`) or an end position.
 
-    A stream an offsets map does not name reads from its first offset (a start) or to its tail (an
-    end). `"watermark"` is the stored offset + 1 from `stored`, or `fallback` (earliest or latest) where
+    A stream of `b` an offsets map does not name reads from its first offset (a start) or to its tail
+    (an end); which streams a Spark batch read plans at all is `partition_streams`' to say.
+    `"watermark"` is the stored offset + 1 from `stored`, or `fallback` (earliest or latest) where
     nothing is stored. Retention clamping and data-loss reports (`clamp_to_retention`,
     `timestamp_start_loss`) are the caller's next step.
     """

@@ -1,8 +1,10 @@
 """Planning at the edges, against the real broker, counting every offset.
 
-A case a plan used to get wrong: a start by timestamp on a stream whose retention removed messages
-at or after that time: the read began at the first offset left, silently (a read of the same range
-by offsets reported it).
+Two cases a plan used to get wrong:
+- a start by timestamp on a stream whose retention removed messages at or after that time: the read
+  began at the first offset left, silently (a read of the same range by offsets reported it);
+- a super stream partition added after `jobs.plan_read` planned: the Spark read resolved the
+  partitions again and read the new one outside the plan, and the next run read it once more.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from typing import Any
 
 import pytest
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_rmqs import jobs
 from pyspark_rmqs.consume import run_consume
 from pyspark_rmqs.errors import DataLossError
 from pyspark_rmqs.options import parse_source_options
 from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader
+from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of, publish, spark_options
@@ -173,3 +176,81 @@ def test_a_timestamp_start_is_data_loss_for_the_streaming_initial_offsets(
     # A stream resumed from the broker-stored offset of consumerName does not start at the timestamp.
     client(broker).store_offsets("resume", {s: first + 3})
     assert initial(consumerName="resume") == {s: first + 4}
+
+
+# ------------------------------------------------------------------ a partition added after planning
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("engine", ["spark", "arrow"])
+def test_a_partition_added_after_planning_is_read_by_the_next_run_only(
+    spark: SparkSession, broker: BrokerSettings, streams: StreamFactory, engine: str
+) -> None:
+    if broker.external:
+        pytest.skip("binds a partition through the local broker's management API")
+    name, parts = streams.super_stream(2)
+    conn = conn_of(broker)
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(100)])
+    consumer = f"edges-{engine}"
+
+    def run(plan: jobs.ReadPlan) -> list[tuple[str, int]]:
+        if engine == "arrow":
+            batches: list[Any] = []
+            summary = run_consume(conn, plan, batches.append, metadata_fields="")
+            got = _offsets_of(batches)
+        else:
+            rows: list[Any] = []
+
+            def sink(df: DataFrame) -> None:
+                rows.extend(df.select("stream", "offset").collect())
+
+            summary = jobs.run_read(spark, conn, plan, sink, metadata_fields="")
+            got = [(r.stream, r.offset) for r in rows]
+        assert summary.rows == len(got) and summary.watermark_stored
+        return got
+
+    plan = jobs.plan_read(conn, superstream=name, consumer=consumer)
+    assert plan.ranges == {parts[0]: (0, 100), parts[1]: (0, 100)}
+    added = streams.add_partition(name, 2)
+    assert client(broker).partitions(name) == [*parts, added]
+    publish(broker, added, [f"{added}:{i}".encode() for i in range(50)])
+
+    first_run = run(plan)
+    assert sorted(first_run) == [(p, o) for p in parts for o in range(100)]  # the plan, nothing else
+    stored = watermarks(conn, consumer, superstream=name).stored_offsets()
+    assert stored == {parts[0]: 99, parts[1]: 99, added: None}
+
+    plan = jobs.plan_read(conn, superstream=name, consumer=consumer)
+    assert plan.ranges == {added: (0, 50)}  # no watermark yet: from starting_offsets (earliest)
+    second_run = run(plan)
+    assert sorted(second_run) == [(added, o) for o in range(50)]
+    everything = first_run + second_run
+    assert len(everything) == len(set(everything)) == 250  # every offset once: 250 rows for 250 offsets
+    assert watermarks(conn, consumer, superstream=name).stored_offsets() == {p: 99 for p in parts} | {
+        added: 49
+    }
+
+
+@pytest.mark.spark
+def test_an_ending_offsets_json_names_the_partitions_a_batch_reads(
+    spark: SparkSession, broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    name, parts = streams.super_stream(3)
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(30)])
+
+    def offsets(**opts: str) -> list[tuple[str, int]]:
+        df = (
+            spark.read.format("rabbitmq_streams")
+            .options(**spark_options(broker, superstream=name, **opts))
+            .load()
+        )
+        return sorted((r.stream, r.offset) for r in df.select("stream", "offset").collect())
+
+    # endingOffsets names two partitions: the third is not read (name it with -1 to read it to its tail)
+    got = offsets(endingOffsets=f'{{"{parts[0]}": 10, "{parts[1]}": -1}}')
+    assert got == [(parts[0], o) for o in range(10)] + [(parts[1], o) for o in range(30)]
+    # a startingOffsets JSON does not: an unnamed partition starts at its first offset
+    got = offsets(startingOffsets=f'{{"{parts[0]}": 25}}')
+    assert got == [(parts[0], o) for o in range(25, 30)] + [(p, o) for p in parts[1:] for o in range(30)]

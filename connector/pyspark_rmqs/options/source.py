@@ -112,7 +112,8 @@ class SourceOptions(TargetOptions):
         "startingOffsets",
         "earliest",
         '`earliest`, `latest`, `offset`, `timestamp`, or a JSON object `{"orders-0": 42, ...}` (`-2` '
-        "earliest, `-1` latest); JSON keys must be partition streams of the target",
+        "earliest, `-1` latest); JSON keys must be partition streams of the target, and a partition the "
+        "JSON does not name starts at its first offset",
         kind="parsed",
     )
     starting_offset: int | None = option(
@@ -129,7 +130,8 @@ class SourceOptions(TargetOptions):
     ending_offsets: EndingOffsetsKind | None = option(
         "endingOffsets",
         "latest",
-        "batch only: `latest`, `offset`, or a JSON object (`-1` latest); a streaming read with it fails",
+        "batch only: `latest`, `offset`, or a JSON object (`-1` latest) that names the partitions read: "
+        "a partition it does not name is not read; a streaming read with it fails",
         kind="parsed",
     )
     ending_offset: int | None = option(
