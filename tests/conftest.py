@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import pytest
 
@@ -40,6 +41,20 @@ class StreamFactory:
         parts = tb.run(tb.create_super_stream(self.settings, name, partitions))
         self._super_streams.append(name)
         return name, parts
+
+    def add_partition(self, superstream: str, index: int) -> str:
+        """A new partition stream `<superstream>-<index>`, bound with routing key `<index>` after the
+        others (the local broker's management API: the stream protocol cannot add a partition)."""
+        name = f"{superstream}-{index}"
+        tb.run(tb.create_stream(self.settings, name))
+        self._streams.append(name)
+        vhost = quote(self.settings.vhost, safe="")
+        tb.management(
+            "POST",
+            f"bindings/{vhost}/e/{quote(superstream, safe='')}/q/{quote(name, safe='')}",
+            {"routing_key": str(index), "arguments": {"x-stream-partition-order": index}},
+        )
+        return name
 
     def cleanup(self) -> None:
         for name in self._streams:

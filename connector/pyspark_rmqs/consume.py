@@ -32,6 +32,7 @@ from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
+from pyspark_rmqs.planning import merge_spans
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -281,7 +282,7 @@ def _run_consume(
     if outputs is not None and "sink_skipped" not in summary.extra:
         summary.extra["files"] = list(outputs)
     if not plan.fail_on_data_loss:
-        summary.extra["data_loss"] = lost
+        summary.extra["data_loss"] = merge_spans(plan.data_loss, lost)
     return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
 
 

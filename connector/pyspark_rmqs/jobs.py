@@ -47,7 +47,7 @@ from pyspark_rmqs.errors import (
     report_data_loss,
 )
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.planning import Bounds, Position, resolve_positions
+from pyspark_rmqs.planning import Bounds, Position, merge_spans, resolve_positions, timestamp_start_loss
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.incarnation import incarnations as incarnations_of
 from pyspark_rmqs.runs.incarnation import same as same_incarnation
@@ -95,6 +95,8 @@ class ReadPlan:
     # The run record of a run that stores its watermark (None: a backfill, which stores nothing).
     record: RunRecord | None = field(default=None, compare=False)
     lease: Lease | None = field(default=None, compare=False, repr=False)
+    # Offsets found lost while planning and skipped (failOnDataLoss=false): the summary's `data_loss`.
+    data_loss: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -310,6 +312,7 @@ def _plan(
         if usable is not None:  # where the last run ended, on partitions that stored nothing yet
             recorded = {s: r[1] for s, r in usable.ranges.items() if seen.get(s) is None}
     starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
+    lost = timestamp_start_loss(client, b, start, fail_on_data_loss)
     if isinstance(start, str) and start == "watermark":
         starts.update({s: v for s, v in recorded.items() if s in starts})
     ends = resolve_positions(client, b, end, is_end=True)
@@ -325,7 +328,16 @@ def _plan(
     if max_messages is not None:
         ends = off.apply_limit(starts, ends, max_messages)
     return ReadPlan(
-        w.target, w.superstream, consumer, starts, ends, seen, False, fail_on_data_loss, incarnations
+        w.target,
+        w.superstream,
+        consumer,
+        starts,
+        ends,
+        seen,
+        False,
+        fail_on_data_loss,
+        incarnations,
+        data_loss=lost,
     )
 
 
@@ -537,7 +549,9 @@ def run_read(
                     raise mark_commit_state(e, CommitState.BEFORE) from None
                 _count_read(summary, obs)
             if not plan.fail_on_data_loss:
-                summary.extra["data_loss"] = _retention_during(conn, plan)
+                summary.extra["data_loss"] = merge_spans(plan.data_loss, _retention_during(conn, plan))
+        elif plan.data_loss:  # nothing left to read: what planning found lost and skipped
+            summary.extra["data_loss"] = dict(plan.data_loss)
         return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
     finally:
         plan.release()

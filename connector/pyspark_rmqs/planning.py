@@ -3,7 +3,9 @@
 Runs on the driver (Spark's planner, Airflow, Dagster); talks to the broker through `BrokerClient`,
 never reads messages. Every data-loss decision goes through `report_data_loss`. Read positions
 (earliest, latest, offsets, offsets JSON, timestamps, the watermark) have one resolver,
-`resolve_positions`, used by the Spark batch and streaming readers and the orchestration jobs.
+`resolve_positions`, used by the Spark batch and streaming readers and the orchestration jobs; a
+start by timestamp on a stream retention truncated is checked by one function,
+`timestamp_start_loss`, used by the same three.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pyspark_rmqs.broker.client import BrokerClient, parse_version
 from pyspark_rmqs.codec import to_millis
@@ -46,10 +48,28 @@ def check_version(
 
 
 def partition_streams(client: BrokerClient, opts: SourceOptions) -> list[str]:
-    """The streams read: the stream itself, or the super stream's partitions in the broker's order."""
+    """The streams read: the stream itself, or the super stream's partitions in the broker's order.
+
+    An `endingOffsets` JSON object (batch reads) names the partitions a read covers: a partition it
+    does not name is not read. Its end is what bounds a batch read, and a plan recorded as offsets
+    JSON (`jobs.read_options`, a saved range) must read the same partitions after the super stream
+    gained one. Spark's Kafka source refuses such a JSON outright; naming a partition with -1 reads it
+    to its tail. A `startingOffsets` JSON does not restrict: an unnamed partition starts at its first
+    offset, as partitions added to a streaming query do.
+    """
     parts = opts.target.streams(client, hint=f" (option '{opts.alias('stream')}')")
     if opts.is_super_stream:
         opts.validate_partitions(parts)
+        if opts.ending_offsets_json is not None:
+            unnamed = [p for p in parts if p not in opts.ending_offsets_json]
+            if unnamed:
+                log.info(
+                    "option '%s' does not name partition stream(s) %s of '%s': not read",
+                    opts.alias("ending_offsets"),
+                    ", ".join(unnamed),
+                    opts.name,
+                )
+            parts = [p for p in parts if p in opts.ending_offsets_json]
     return parts
 
 
@@ -78,6 +98,11 @@ def bounds(client: BrokerClient, streams: Iterable[str], fail_on_data_loss: bool
 Position = str | int | datetime | Mapping[str, int]
 
 
+def is_timestamp(pos: Position) -> bool:
+    """Whether a position is a time (a datetime, or epoch milliseconds) rather than offsets or a name."""
+    return isinstance(pos, datetime) or (isinstance(pos, int) and not isinstance(pos, bool))
+
+
 def resolve_positions(
     client: BrokerClient | None,
     b: Bounds,
@@ -89,9 +114,11 @@ def resolve_positions(
 ) -> dict[str, int]:
     """The offset per partition stream of `b` for a start (`is_end=False`) or an end position.
 
-    A stream an offsets map does not name reads from its first offset (a start) or to its tail (an
-    end). `"watermark"` is the stored offset + 1 from `stored`, or `fallback` (earliest or latest)
-    where nothing is stored. Retention clamping and data-loss reports are the caller's next step.
+    A stream of `b` an offsets map does not name reads from its first offset (a start) or to its tail
+    (an end); which streams a Spark batch read plans at all is `partition_streams`' to say.
+    `"watermark"` is the stored offset + 1 from `stored`, or `fallback` (earliest or latest) where
+    nothing is stored. Retention clamping and data-loss reports (`clamp_to_retention`,
+    `timestamp_start_loss`) are the caller's next step.
     """
     if isinstance(pos, str) and pos.strip().startswith("{"):
         pos = offsets_from_json(pos, "end" if is_end else "start")
@@ -104,7 +131,7 @@ def resolve_positions(
                 out[s] = tail if is_end else first
             else:
                 out[s] = tail if v == LATEST else first if v == EARLIEST else int(v)
-        elif isinstance(pos, datetime) or (isinstance(pos, int) and not isinstance(pos, bool)):
+        elif is_timestamp(pos):
             if client is None:
                 raise ConfigurationError(f"{'an end' if is_end else 'a start'} cannot be a timestamp here")
             out[s] = client.offset_for_timestamp(s, to_millis(pos))
@@ -145,8 +172,15 @@ def source_position(opts: SourceOptions, streams: Iterable[str], *, is_end: bool
 
 
 def starting_offsets(client: BrokerClient, opts: SourceOptions, b: Bounds) -> dict[str, int]:
-    """Next offsets to read from, per stream, from `startingOffsets` (before data-loss checks)."""
-    return resolve_positions(client, b, source_position(opts, b.tail, is_end=False), is_end=False)
+    """Next offsets to read from, per stream of `b`, from `startingOffsets`.
+
+    A timestamp start is checked for data loss here (`timestamp_start_loss`); a start below the
+    first offset is the caller's to clamp (`clamp_to_retention`).
+    """
+    pos = source_position(opts, b.tail, is_end=False)
+    out = resolve_positions(client, b, pos, is_end=False)
+    timestamp_start_loss(client, b, pos, opts.fail_on_data_loss)
+    return out
 
 
 def ending_offsets(opts: SourceOptions, b: Bounds) -> dict[str, int]:
@@ -170,6 +204,58 @@ def clamp_to_retention(starts: Mapping[str, int], b: Bounds, fail_on_data_loss: 
             report_data_loss(fail_on_data_loss, lost_message(s, start, first, "retention removed them"))
             out[s] = first
     return out
+
+
+def timestamp_start_loss(
+    client: BrokerClient, b: Bounds, pos: Position, fail_on_data_loss: bool
+) -> dict[str, list[int]]:
+    """Data loss of a start by timestamp: retention may have removed messages at or after it.
+
+    A timestamp resolves to the first chunk at or after it, and retention leaves no trace of what it
+    removed: on a stream whose first offset is above 0, a read from a time before the oldest chunk
+    kept starts at that chunk, and the removed offsets `[0, first)` may hold messages at or after
+    the requested time. That is data loss, decided by the broker's clock: reported (`failOnDataLoss`)
+    when the oldest chunk kept is later than the requested time; when it is at or before it, every
+    removed message was older and nothing is reported. Positions that are not times report nothing.
+
+    Returns the spans reported per stream (`[0, first]`), for a run summary when they were skipped.
+    """
+    if not is_timestamp(pos):
+        return {}
+    at = to_millis(pos)
+    truncated = [s for s, first in b.first.items() if first > 0]
+    if not truncated:
+        return {}
+    lost: dict[str, list[int]] = {}
+    for s, oldest in client.oldest_chunks(truncated).items():
+        if oldest is None or oldest[1] <= at:
+            continue
+        offset, ts = oldest
+        removed = max(b.first[s], offset)  # retention may have moved on since the bounds were read
+        why = (
+            f"retention removed them, and the oldest chunk kept (offset {offset}) is from {_when(ts)}, "
+            f"later than the requested start {_when(at)}: messages at or after that time may have been "
+            "among them"
+        )
+        report_data_loss(fail_on_data_loss, lost_message(s, 0, removed, why))
+        lost[s] = [0, removed]
+    return lost
+
+
+def merge_spans(*spans: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """Lost spans per stream (`[start, end]`), merged: one span from the lowest start to the highest end."""
+    out: dict[str, list[int]] = {}
+    for found in spans:
+        for s, (lo, hi) in found.items():
+            was = out.get(s)
+            out[s] = [lo, hi] if was is None else [min(was[0], lo), max(was[1], hi)]
+    return out
+
+
+def _when(ms: int) -> str:
+    """A broker time for a message: ISO 8601 in UTC, and the epoch milliseconds options take."""
+    iso = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{iso} ({ms} ms)"
 
 
 def stored_starts(client: BrokerClient, consumer: str, streams: Iterable[str]) -> dict[str, int | None]:

@@ -113,8 +113,8 @@ def test_an_explicit_range_run_is_a_backfill_and_never_moves_the_watermark_back(
         output_path=str(tmp_path / "backfill"),
     )
     summary = backfill.execute({})
-    assert summary["mode"] == "backfill" and summary["rows"] == 1000 and not summary["watermark_stored"]
     assert watermarks(conn_of(broker), "ex", stream=s).partitions[0].stored == 2999
+    assert summary["mode"] == "backfill" and summary["rows"] == 1000 and not summary["watermark_stored"]
     # Asked to store, it still never moves the watermark back, and says where it left it.
     asked = RabbitMQStreamConsumeOperator(
         task_id="bf2",
@@ -153,8 +153,8 @@ def test_a_spark_read_killed_between_partition_stores_writes_every_offset_once(
         with pytest.raises(Crash):
             op().execute({})
     retry = op().execute({})
-    assert retry["resumed_plan"] and retry["sink_skipped"]
     assert parquet_offsets(out) == sorted((p, o) for p in parts for o in range(300))
+    assert retry["resumed_plan"] and retry["sink_skipped"]
     stored = watermarks(conn_of(broker), "split", superstream=name).stored_offsets()
     assert stored == dict.fromkeys(parts, 299)
     publish(broker, parts[1], [b"new"] * 10)
@@ -190,7 +190,6 @@ def test_a_consume_run_killed_between_partition_stores_writes_every_offset_once(
         with pytest.raises(Crash):
             run()
     retry = run()
-    assert retry["resumed_plan"] and retry["sink_skipped"]
     if output == "iceberg":
         from pyiceberg.catalog import load_catalog
 
@@ -204,6 +203,7 @@ def test_a_consume_run_killed_between_partition_stores_writes_every_offset_once(
     else:
         got = parquet_offsets(Path(path))
     assert got == sorted((p, o) for p in parts for o in range(300))
+    assert retry["resumed_plan"] and retry["sink_skipped"]
     assert watermarks(conn_of(broker), "csplit", superstream=name).stored_offsets() == dict.fromkeys(
         parts, 299
     )

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.offsets import (
     EARLIEST,
@@ -606,6 +607,10 @@ class _TimestampClient:
         self.calls.append((stream, millis))
         return millis // 1000
 
+    def oldest_chunks(self, streams: list[str]) -> dict[str, tuple[int, int] | None]:
+        """The oldest chunk kept starts at the first offset, written at the time that offset maps to."""
+        return {s: (_BOUNDS["first"][s], _BOUNDS["first"][s] * 1000) for s in streams}
+
 
 _BOUNDS = {"first": {"o-0": 10, "o-1": 20}, "tail": {"o-0": 100, "o-1": 200}}
 
@@ -820,7 +825,12 @@ class _Tracking:
     async def stored_offsets(self, consumer: str, streams: list[str]) -> dict[str, int | None]:
         return {s: self.stored.get((consumer, s)) for s in streams}
 
+    # The real never-backwards rule, over this fake's stored_offsets / store_offsets.
+    store_offsets_forward = AsyncBrokerClient.store_offsets_forward
+
     async def store_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+        if not offsets:
+            return
         type(self).stores.append((consumer, dict(offsets)))
         for s, o in offsets.items():
             self.stored[(consumer, s)] = o

@@ -78,3 +78,36 @@ def test_spark_options_resolve_through_the_same_resolver() -> None:
     assert ending_offsets(opts, B) == {"o-0": 100, "o-1": 5}  # never beyond the tail
     opts = parse_source_options({**base, "startingOffsets": "latest"}, streaming=False)
     assert starting_offsets(None, opts, B) == {"o-0": 100, "o-1": 50}  # type: ignore[arg-type]
+
+
+class _Oldest:
+    """Answers oldest_chunks as a broker would: retention removed [0, 10) of o-0; what is left starts
+    with a chunk written at 500 ms."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def oldest_chunks(self, streams: list[str]) -> dict[str, tuple[int, int] | None]:
+        self.asked.append(list(streams))
+        return {s: (10, 500) for s in streams}
+
+
+def test_a_timestamp_start_before_the_oldest_chunk_of_a_truncated_stream_is_data_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pyspark_rmqs.errors import DataLossError
+    from pyspark_rmqs.planning import timestamp_start_loss
+
+    old = _Oldest()
+    with pytest.raises(DataLossError, match=r"offsets \[0, 10\) of stream 'o-0' are lost .* \(499 ms\)"):
+        timestamp_start_loss(old, B, 499, True)  # type: ignore[arg-type]
+    assert old.asked == [["o-0"]]  # o-1 lost nothing to retention: no probe
+    assert timestamp_start_loss(old, B, 499, False) == {"o-0": [0, 10]}  # type: ignore[arg-type]
+    assert "failOnDataLoss=false" in caplog.text and "(500 ms)" in caplog.text
+    at = datetime(1970, 1, 1, 0, 0, 0, 500_000, tzinfo=UTC)  # the oldest chunk's own time: nothing lost
+    assert timestamp_start_loss(old, B, at, True) == {}  # type: ignore[arg-type]
+    assert timestamp_start_loss(old, B, 501, True) == {}  # type: ignore[arg-type]
+    asked = len(old.asked)
+    for pos in ("earliest", {"o-0": 0}, '{"o-0": 0}'):  # not times: nothing to check, nothing asked
+        assert timestamp_start_loss(old, B, pos, True) == {}  # type: ignore[arg-type]
+    assert len(old.asked) == asked

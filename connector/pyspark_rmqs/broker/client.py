@@ -313,6 +313,27 @@ class AsyncBrokerClient:
             f"{PROBE_TIMEOUT_S} s"
         )
 
+    async def oldest_chunk(self, stream: str) -> tuple[int, int] | None:
+        """(first offset, timestamp) of the oldest chunk still in `stream`; None when it holds none.
+
+        The timestamp is the broker's clock when it wrote the chunk (epoch millis). Retention removes
+        whole segments from the start of a stream, so every message it removed is in an older chunk.
+        A subscription at `first` that delivers nothing is a slow broker, never an answer: retried
+        within the recovery window, then `BrokerTimeoutError`.
+        """
+
+        async def once() -> tuple[int, int] | None:
+            if (await self.stats(stream)).is_empty:
+                return None
+            chunk = await self._probe(stream, schema.OffsetSpec.from_params(OffsetType.FIRST, None))
+            if chunk is None:
+                raise BrokerTimeoutError(
+                    f"oldest chunk of '{stream}': the broker delivered no chunk within {PROBE_TIMEOUT_S} s"
+                )
+            return chunk.first_offset, chunk.timestamp
+
+        return await self._retry(f"oldest chunk of '{stream}'", once, timeout_error=True)
+
     async def stored_offset(self, consumer: str, stream: str) -> int | None:
         """The broker-stored offset of `consumer` on `stream`; None when it stored none."""
         try:
@@ -470,6 +491,15 @@ class BrokerClient:
         self, stream: str, offset: int, match: Callable[[bytes], bool]
     ) -> tuple[int, bytes] | None:
         return self._run(self.aio.find_message(stream, offset, match), "find_message")
+
+    def oldest_chunks(self, streams: Iterable[str]) -> dict[str, tuple[int, int] | None]:
+        """(first offset, timestamp) of the oldest chunk kept per stream, concurrently (`oldest_chunk`)."""
+
+        async def all_chunks(names: list[str]) -> dict[str, tuple[int, int] | None]:
+            found = await asyncio.gather(*(self.aio.oldest_chunk(s) for s in names))
+            return dict(zip(names, found, strict=True))
+
+        return self._run(all_chunks(list(streams)), "oldest_chunks")
 
     def stored_offset(self, consumer: str, stream: str) -> int | None:
         return self._run(self.aio.stored_offset(consumer, stream), "stored_offset")

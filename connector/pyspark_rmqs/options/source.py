@@ -105,13 +105,15 @@ class SourceOptions(TargetOptions):
         "failOnDataLoss",
         True,
         "fail when offsets to read were removed by retention or a partition vanished; `false` logs and "
-        "skips them",
+        "skips them. A start by timestamp on a stream retention truncated is data loss when the oldest "
+        "chunk kept is later than that time (what was removed may hold messages at or after it)",
     )
     starting_offsets: StartingOffsetsKind = option(
         "startingOffsets",
         "earliest",
         '`earliest`, `latest`, `offset`, `timestamp`, or a JSON object `{"orders-0": 42, ...}` (`-2` '
-        "earliest, `-1` latest); JSON keys must be partition streams of the target",
+        "earliest, `-1` latest); JSON keys must be partition streams of the target, and a partition the "
+        "JSON does not name starts at its first offset",
         kind="parsed",
     )
     starting_offset: int | None = option(
@@ -128,7 +130,8 @@ class SourceOptions(TargetOptions):
     ending_offsets: EndingOffsetsKind | None = option(
         "endingOffsets",
         "latest",
-        "batch only: `latest`, `offset`, or a JSON object (`-1` latest); a streaming read with it fails",
+        "batch only: `latest`, `offset`, or a JSON object (`-1` latest) that names the partitions read: "
+        "a partition it does not name is not read; a streaming read with it fails",
         kind="parsed",
     )
     ending_offset: int | None = option(

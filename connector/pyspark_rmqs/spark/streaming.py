@@ -96,20 +96,26 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return self._meta
 
     def initialOffset(self) -> dict[str, int]:
-        """No checkpoint yet: the broker-stored offsets of `consumerName`, else `startingOffsets`."""
+        """No checkpoint yet: the broker-stored offsets of `consumerName`, else `startingOffsets`.
+
+        `startingOffsets` is resolved (and a timestamp start checked for data loss) only for the
+        streams that have no stored offset.
+        """
         firsts, tails = self.meta.refresh(force=True)
-        b = Bounds(dict(firsts), dict(tails))
-        configured = starting_offsets(self.meta.client, self.opts, b)
+        resumed: dict[str, int] = {}
         if self.opts.consumer_name:
             # Lookup errors (authentication, connection) fail: an explicit name must not be ignored.
             stored = stored_starts(self.meta.client, self.opts.consumer_name, list(tails))
             for s, v in stored.items():
                 if v is not None:
-                    configured[s] = v
+                    resumed[s] = v
                     log.info(
                         "resuming '%s' from the offset stored for '%s': %d", s, self.opts.consumer_name, v
                     )
-        return self._clamp(configured, firsts)
+        fresh = [s for s in tails if s not in resumed]
+        b = Bounds({s: firsts[s] for s in fresh}, {s: tails[s] for s in fresh})
+        configured = starting_offsets(self.meta.client, self.opts, b) if fresh else {}
+        return self._clamp({s: resumed[s] if s in resumed else configured[s] for s in tails}, firsts)
 
     def _clamp(self, start: dict[str, int], firsts: dict[str, int]) -> dict[str, int]:
         out = dict(start)
