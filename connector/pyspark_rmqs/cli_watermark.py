@@ -434,7 +434,10 @@ def _print_move(move: Any, dry_run: bool) -> None:
                 f"{p.stream}: pending plan [{start}, {end}) dropped (a failed run will not retry it)"
             )
         if p.change == "backward":
-            notes.append(f"{p.stream}: BACKWARD by {p.current - p.new}: those messages will be read again")
+            notes.append(
+                f"{p.stream}: BACKWARD by {p.current - p.new}: those messages will be read again "
+                "(exactly-once file outputs skip the offsets they already hold)"
+            )
     before = sum(p.lag_before for p in move.partitions)
     after = sum(p.lag_after for p in move.partitions)
     table.add_row("total", "", "", "", str(before), str(after))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.delivery import FileCommits, RunToken, local_path, takes_token
+from pyspark_rmqs.delivery import FileCommits, RunToken, covers, local_path, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
@@ -244,6 +244,10 @@ def _run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
+    done = commits.committed_spans(token) if commits is not None and record is None else {}
+    if done:  # earlier runs of this consumer committed part of the range here: only the rest is written
+        log.info("the output already holds %s of consumer '%s': not written again", done, plan.consumer)
+        summary.extra["already_committed"] = {st: [list(x) for x in v] for st, v in done.items()}
     if record is None and plan.delivered:
         skip_delivered(plan, summary)
     elif record is None and committed_run is not None and not plan.is_empty and committed_run(token):
@@ -259,7 +263,10 @@ def _run_consume(
         try:
             if hasattr(target, "begin_run"):
                 target.begin_run(token)
-            _consume(conn, plan, target, s, summary, per_stream, lost)
+            if covers(done, plan.ranges):
+                summary.extra["sink_skipped"] = True
+            else:
+                _consume(conn, plan, target, s, summary, per_stream, lost, done)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.BEFORE) from None
         if hasattr(target, "commit_run"):
@@ -286,6 +293,18 @@ def _run_consume(
     return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
 
 
+def _without(batch: pa.RecordBatch, spans: list[tuple[int, int]]) -> pa.RecordBatch:
+    """`batch` without the rows whose offset lies in one of `spans`."""
+    import pyarrow.compute as pc
+
+    offsets = batch.column("offset")
+    inside = None
+    for a, b in spans:
+        hit = pc.and_(pc.greater_equal(offsets, a), pc.less(offsets, b))
+        inside = hit if inside is None else pc.or_(inside, hit)
+    return batch if inside is None else batch.filter(pc.invert(inside))
+
+
 def _consume(
     conn: ConnectionOptions,
     plan: ReadPlan,
@@ -294,8 +313,11 @@ def _consume(
     summary: RunSummary,
     per_stream: dict[str, int],
     lost: dict[str, list[int]],
+    exclude: Mapping[str, list[tuple[int, int]]],
 ) -> None:
-    """Every range of `plan` through `target`, measuring fetch and decode (reader) and flush (sink) time."""
+    """Every range of `plan` through `target`, measuring fetch and decode (reader) and flush (sink) time.
+
+    Offsets in `exclude` (already committed in the output) are dropped from the batches."""
     fetch = decode = flush = 0.0
     batches = 0
     for stream, (start, end) in plan.ranges.items():
@@ -305,6 +327,8 @@ def _consume(
         try:
             try:
                 for batch in reader:
+                    if stream in exclude:
+                        batch = _without(batch, exclude[stream])
                     t = time.perf_counter()
                     target.write(batch)
                     flush += time.perf_counter() - t

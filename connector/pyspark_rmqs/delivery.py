@@ -149,6 +149,39 @@ class FileCommits:
             return None
         return CommitRecord(**json.loads(path.read_text()))
 
+    def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
+        """Offsets of `token`'s ranges that earlier runs of its consumer already committed here.
+
+        Commits are recognised per partition range, not only per whole token: when a watermark is
+        put back (`rmqs watermark set`, or another client), the next run's range overlaps what the
+        output holds, and only the rest is written. Per stream, merged `[start, end)` spans, from
+        every commit record of the same consumer on the same stream incarnation (records written
+        before rmqs kept incarnations count as the same).
+        """
+        folder = self.root / COMMITS
+        if not folder.is_dir():
+            return {}
+        found: dict[str, list[tuple[int, int]]] = {}
+        for path in folder.glob("*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("consumer") != token.consumer:
+                continue
+            incarnations = record.get("incarnations") or {}
+            for stream, (lo, hi) in token.ranges.items():
+                span = record.get("ranges", {}).get(stream)
+                if span is None:
+                    continue
+                theirs, ours = incarnations.get(stream), token.incarnations.get(stream)
+                if theirs and ours and theirs != ours:
+                    continue
+                a, b = max(lo, int(span[0])), min(hi, int(span[1]))
+                if a < b:
+                    found.setdefault(stream, []).append((a, b))
+        return {s: _merged(spans) for s, spans in found.items()}
+
     def begin(self, token: RunToken) -> Path:
         """A clean staging folder for `token` (a failed attempt's leftovers are removed)."""
         stage = self.staging(token)
@@ -208,6 +241,21 @@ class FileCommits:
         staging = self.root / STAGING
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def covers(spans: Mapping[str, list[tuple[int, int]]], ranges: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether `spans` hold every offset of `ranges` (so nothing is left to write)."""
+    return all(spans.get(s) == [r] for s, r in ranges.items() if r[1] > r[0])
 
 
 def _hidden(rel: Path) -> bool:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery, takes_token
+from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery, covers, takes_token
 from pyspark_rmqs.errors import (
     CommitState,
     ConfigurationError,
@@ -643,12 +643,26 @@ def _commit_files(
         summary.rows, summary.bytes, summary.records_written = record.rows, record.bytes, 0
         summary.extra["sink_skipped"] = True
         return
+    done = commits.committed_spans(token)  # earlier runs' commits overlapping this range
+    if done:
+        log.info("the output already holds %s of consumer '%s': not written again", done, plan.consumer)
+        summary.extra["already_committed"] = {s: [list(x) for x in v] for s, v in done.items()}
     try:
         files = commits.published_files(token)  # published, then the attempt died before its record
-        if files is None:
+        if files is None and covers(done, plan.ranges):
+            files, summary.rows, summary.bytes = [], 0, 0
+            summary.records_written = 0
+            summary.extra["sink_skipped"] = True
+        elif files is None:
             stage = commits.begin(token)
             obs = _read_into(
-                spark, conn, plan, extra, summary, lambda df: sink.write_to(df, str(stage), "overwrite")
+                spark,
+                conn,
+                plan,
+                extra,
+                summary,
+                lambda df: sink.write_to(df, str(stage), "overwrite"),
+                exclude=done,
             )
             _count_read(summary, obs)
             files = commits.publish(token)
@@ -673,17 +687,34 @@ def _read_into(
     extra: Mapping[str, str],
     summary: RunSummary,
     write: Callable[[DataFrame], Any],
+    *,
+    exclude: Mapping[str, list[tuple[int, int]]] | None = None,
 ) -> Any:
     """Read `plan` once into `write` (one Spark action), measured: the sink's time (`flush_ms`) and
     the executors' fetch and decode time; returns the observation of its rows and bytes
-    (`_count_read`), which holds once the action ran."""
+    (`_count_read`), which holds once the action ran. Offsets in `exclude` (already in the output)
+    are left out before anything is counted or written."""
     with ExecutorReadMetrics(spark) as metrics:
-        df, obs = observe_counts(read_dataframe(spark, conn, plan, **extra))
+        df = read_dataframe(spark, conn, plan, **extra)
+        if exclude:
+            df = df.where(~_in_spans(exclude))
+        df, obs = observe_counts(df)
         t_sink = time.monotonic()
         write(df)
         summary.flush_ms = _ms_since(t_sink)
     metrics.fill(summary)
     return obs
+
+
+def _in_spans(spans: Mapping[str, list[tuple[int, int]]]) -> Any:
+    """A Spark condition: the row's (stream, offset) lies in one of `spans`."""
+    from pyspark.sql import functions as F
+
+    cond = F.lit(False)
+    for stream, ranges in spans.items():
+        for a, b in ranges:
+            cond = cond | ((F.col("stream") == stream) & (F.col("offset") >= a) & (F.col("offset") < b))
+    return cond
 
 
 def _count_read(summary: RunSummary, obs: Any) -> None:

@@ -21,7 +21,7 @@ from pyspark_rmqs.errors import ConsumerBusyError
 from pyspark_rmqs.watermarks import store_watermarks, watermarks
 from tests.support import broker as tb
 from tests.support.broker import BrokerSettings
-from tests.support.data import conn_of, publish
+from tests.support.data import client, conn_of, publish
 
 pytestmark = [pytest.mark.broker, pytest.mark.airflow]
 
@@ -278,3 +278,83 @@ def test_a_second_run_on_the_same_consumer_fails_before_it_reads(
     t.join(60)
     assert result["rows"] == 600 and sorted(first_rows) == list(range(600))
     assert second.execute({})["rows"] == 0  # the first run stored: nothing left
+
+
+# -------------------------------------------------------------- 10: two tries of an Iceberg run
+
+
+def test_two_tries_of_an_iceberg_run_at_once_append_once(
+    broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try still running (a zombie) and its retry: the retry fails before it reads; one append."""
+    from pyiceberg.catalog import load_catalog
+
+    from pyspark_rmqs.iceberg import TOKEN_PROPERTY, IcebergSink
+
+    s = streams.stream("ice2")
+    publish(broker, s, [f"m{i}".encode() for i in range(5100)])
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
+    inside, finish = threading.Event(), threading.Event()
+    real_write = IcebergSink.write
+
+    def held_write(self: IcebergSink, batch: pa.RecordBatch) -> None:
+        if threading.current_thread().name == "first-try":
+            inside.set()
+            assert finish.wait(60)
+        real_write(self, batch)
+
+    monkeypatch.setattr(IcebergSink, "write", held_write)
+    monkeypatch.setattr(jobs, "DEFAULT_LEASE_WAIT_S", 1.0)
+
+    def op() -> RabbitMQStreamConsumeOperator:
+        return RabbitMQStreamConsumeOperator(
+            task_id="ice",
+            stream=s,
+            consumer_name="ice2",
+            output_path="lake.t",
+            output_format="iceberg",
+            iceberg_catalog=catalog,
+        )
+
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(op().execute({})), name="first-try")
+    t.start()
+    assert inside.wait(60)
+    with pytest.raises(ConsumerBusyError):
+        op().execute({})
+    finish.set()
+    t.join(60)
+    table = load_catalog("rmqs", **catalog).load_table("lake.t")
+    offsets = sorted(table.scan(selected_fields=("offset",)).to_arrow().column("offset").to_pylist())
+    assert offsets == list(range(5100))
+    tokens = [snap.summary.additional_properties.get(TOKEN_PROPERTY) for snap in table.metadata.snapshots]
+    assert tokens == [result["token"]] * len(tokens) and result["rows"] == 5100
+
+
+# ------------------------------------- 3b: a watermark put back by another client, per range
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("engine", ["spark", "arrow"])
+def test_a_watermark_put_back_by_another_client_writes_nothing_twice(
+    spark: Any, broker: BrokerSettings, streams: Any, tmp_path: Path, engine: str
+) -> None:
+    """Commits are recognised per partition range: a range the output already holds is not written
+    again when an independent client puts one partition's stored offset back."""
+    name, parts = streams.super_stream(2, prefix=f"back{engine}")
+    for p in parts:
+        publish(broker, p, [f"{p}-{i}".encode() for i in range(300)])
+    out = tmp_path / "out"
+
+    def run() -> dict[str, Any]:
+        kind = RabbitMQStreamReadOperator if engine == "spark" else RabbitMQStreamConsumeOperator
+        return kind(task_id="r", superstream=name, consumer_name="back", output_path=str(out)).execute({})
+
+    assert run()["rows"] == 600
+    client(broker).store_offsets("back", {parts[1]: 99})  # not rmqs: a raw store, backwards
+    publish(broker, parts[1], [b"late"] * 20)
+    again = run()
+    got = parquet_offsets(out)
+    assert len(got) == len(set(got)) == 620  # every offset once: none of [100, 300) twice
+    assert {o for s, o in got if s == parts[1]} >= set(range(300))
+    assert again["already_committed"] == {parts[1]: [[100, 300]]} and again["rows"] == 20
