@@ -4,7 +4,8 @@ Resources `RabbitMQStreamsResource` (default key `rabbitmq`) and `SparkSessionRe
 key `spark`; any SparkSession or resource exposing one works too); factories `build_stream_asset`
 (watermark runs, AvailableNow drains, offset-range or time-window partitions; Spark or Arrow
 engine), `build_new_data_sensor`, `build_lag_check`, `build_observation_sensor`; offset-range
-partitions (`offset_range_partitions` and key helpers); the YAML component `RabbitMQStreamComponent`.
+partitions (`offset_range_partitions` and key helpers); the YAML component `RabbitMQStreamComponent`;
+`produce_run_identity` (a produce run's identity for the resource's `publish`).
 """
 
 from dagster_rmqs.assets import (
@@ -25,7 +26,7 @@ from dagster_rmqs.partitions import (
     range_layers,
     range_run_key,
 )
-from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource
+from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource, produce_run_identity
 from dagster_rmqs.sensors import build_new_data_sensor, build_observation_sensor, evaluate_new_data
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "offset_range_key",
     "offset_range_partitions",
     "parse_offset_range_key",
+    "produce_run_identity",
     "range_layers",
     "range_run_key",
     "stream_asset_spec",

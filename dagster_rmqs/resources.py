@@ -92,6 +92,23 @@ class RabbitMQStreamsResource(StreamsHandle, ConfigurableResource):
         return stream_uri(self.connection_options(), name)
 
 
+def produce_run_identity(context: Any) -> str:
+    """A produce run's identity for `RabbitMQStreamsResource.publish(..., producer_name=...,
+    run_identity=...)` from an asset's (or op's) context: the asset key (or op name), the partition
+    key when partitioned, and the run's root run id. Retries of a step (a `RetryPolicy`) and
+    re-executions of a failed run (run retries, "re-execute from failure") share it, so they add
+    only what the failed try did not get stored; a new run of the job is a new produce run.
+    """
+    run = getattr(context, "dagster_run", None) or getattr(context, "run", None)
+    root = getattr(run, "root_run_id", None) or context.run_id
+    try:
+        what = context.asset_key.to_user_string()
+    except Exception:  # an op, or a multi-asset step
+        what = context.op.name
+    partition = context.partition_key if getattr(context, "has_partition_key", False) else None
+    return "/".join(x for x in (what, partition, root) if x)
+
+
 def _value(v: str) -> str:
     """A setting's value; an `EnvVar` is read here too, so the resource also works outside a run."""
     return v.get_value() or "" if isinstance(v, EnvVar) else v

@@ -167,3 +167,12 @@ class ConsumerBusyError(RmqsError):
     """
 
     retryable = True
+
+
+class ProducerBusyError(ConsumerBusyError):
+    """Another run holds the producer name on this stream or super stream: this run sent nothing.
+
+    Two runs of one producer name would number their messages with the same publishing ids, and the
+    broker would drop one run's rows as duplicates: the second run is stopped before it sends.
+    Retryable, as `ConsumerBusyError`.
+    """

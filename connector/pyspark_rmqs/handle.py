@@ -145,17 +145,27 @@ class StreamsHandle(ABC):
         superstream: str | None = None,
         producer_name: str | None = None,
         routing_strategy: str = "hash",
+        run_identity: str | None = None,
     ) -> dict[str, int]:
         """Publish `bytes` / `str` / dict messages (see `pyspark_rmqs.produce`) and wait for every confirm.
 
-        Returns the messages published per partition stream.
+        With `producer_name` the call is a produce run: a second run of the name on the same stream
+        or super stream fails with `ProducerBusyError` before it sends, and a retry with the same
+        `run_identity` (the same messages, in the same order) adds only what its failed try did not
+        get stored. Without `run_identity` every call is a new run; without `producer_name` nothing
+        is deduplicated. Returns the messages published per partition stream.
         """
         from pyspark_rmqs import produce
         from pyspark_rmqs.broker.writer import WriteSettings
 
         settings = WriteSettings(producer_name=producer_name, routing_strategy=routing_strategy)
         return produce.publish(
-            self._connection(), messages, stream=stream, superstream=superstream, settings=settings
+            self._connection(),
+            messages,
+            stream=stream,
+            superstream=superstream,
+            settings=settings,
+            run_identity=run_identity,
         )
 
     def read_batches(

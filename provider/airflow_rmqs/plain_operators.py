@@ -46,6 +46,17 @@ def resolve_callable(value: Callable[..., Any] | str, param: str) -> Callable[..
     return found
 
 
+def run_identity_of(context: Any) -> str | None:
+    """`dag_id/task_id/run_id[/map_index]`: the same for every try of one task instance; None
+    without a task instance (then every call is a new run)."""
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None or getattr(ti, "run_id", None) is None:
+        return None
+    identity = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}"
+    map_index = getattr(ti, "map_index", -1)
+    return identity if map_index is None or int(map_index) < 0 else f"{identity}/{map_index}"
+
+
 class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
     """A bounded read without Spark: Arrow batches to `apply_function`, or Parquet files to `output_path`.
 
@@ -153,12 +164,20 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         **producer_function_kwargs`; it returns or yields messages: `bytes`, `str` (UTF-8), or a
         dict with `value` and optional `routing_key` (required for a super stream, routed by
         `routing_strategy`), `properties`, `application_properties`, `message_annotations`.
-    :param producer_name: the broker-side producer name (deduplication of re-sent messages within
-        the publisher's sequence; a later run continues after the last stored publishing id).
+    :param producer_name: the broker-side producer name. With it the task is a produce run: it holds
+        the name's lease on the stream or super stream while it sends (a second task producing under
+        the same name there fails with `ProducerBusyError` before it sends, and Airflow retries it),
+        and a retry of the same task instance numbers its messages as the failed try did, so the
+        broker drops those the failed try had stored: each message once. `producer_function` must
+        then yield the same messages in the same order on every try. Without it nothing is
+        deduplicated: a retry publishes every message again.
+    :param run_identity: what makes two tries the same run (templated); default
+        `dag_id/task_id/run_id` (`/map_index` for a mapped task): the tries of one task instance.
     :param routing_strategy: `hash` (default, as the Java and Go clients), `key` (the super stream's
         bindings) or `custom` with `partitioner_class`.
     Returns `{"target", "messages": {partition stream: count}, "rows", "seconds"}` once every
-    message is confirmed.
+    message is confirmed; with a producer name also `new` and `already_stored` per partition stream
+    (what a retry found stored by its failed try), `run_identity` and `resumed` (a retry).
     """
 
     _operation = "write"
@@ -168,6 +187,7 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         "producer_function_args",
         "producer_function_kwargs",
         "producer_name",
+        "run_identity",
     )
 
     def __init__(
@@ -177,6 +197,7 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         producer_function_args: Sequence[Any] | None = None,
         producer_function_kwargs: Mapping[str, Any] | None = None,
         producer_name: str | None = None,
+        run_identity: str | None = None,
         routing_strategy: str = "hash",
         partitioner_class: str | None = None,
         compression: str = "none",
@@ -189,6 +210,7 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         self.producer_function_args = producer_function_args
         self.producer_function_kwargs = producer_function_kwargs
         self.producer_name = producer_name
+        self.run_identity = run_identity
         self.routing_strategy = routing_strategy
         self.partitioner_class = partitioner_class
         self.compression = compression
@@ -213,12 +235,26 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
                 confirm_timeout_ms=int(self.confirm_timeout_ms),
             )
             messages = fn(*(self.producer_function_args or ()), **(self.producer_function_kwargs or {}))
-            counts = produce.publish(conn, messages or (), **target.kw(), settings=settings)
+            result = produce.run_produce(
+                conn,
+                messages or (),
+                **target.kw(),
+                settings=settings,
+                run_identity=values.optional_str(self.run_identity) or run_identity_of(context),
+                pipeline=pipeline_of(context),
+            )
         self._summary = {
             "target": target.name,
-            "messages": counts,
-            "rows": sum(counts.values()),
+            "messages": result.messages,
+            "rows": sum(result.messages.values()),
             "seconds": round(time.monotonic() - t0, 3),
         }
+        if result.run_identity is not None:
+            self._summary.update(
+                new=result.new,
+                already_stored=result.already_stored,
+                run_identity=result.run_identity,
+                resumed=result.resumed,
+            )
         self.log.info("rmqs: produced %s", self._summary)
         return self._summary

@@ -358,6 +358,29 @@ class AsyncBrokerClient:
         values = await asyncio.gather(*(one(s) for s in names))
         return dict(zip(names, values, strict=True))
 
+    async def publisher_sequences(self, producer: str, streams: Iterable[str]) -> dict[str, int]:
+        """The last publishing id the broker stored for producer name `producer` on each stream (0: none).
+
+        The broker drops a message of that producer name whose publishing id is at or below it.
+        """
+        names = list(streams)
+        sem = asyncio.Semaphore(STORE_PARALLELISM)
+
+        async def one(s: str) -> int:
+            async with sem:
+                try:
+                    return int(
+                        await self._call(
+                            f"publisher sequence of '{producer}' on '{s}'",
+                            lambda c: c.query_publisher_sequence(s, producer),
+                        )
+                    )
+                except rx.StreamDoesNotExist as e:
+                    raise StreamNotFoundError(f"stream '{s}' does not exist") from e
+
+        values = await asyncio.gather(*(one(s) for s in names))
+        return dict(zip(names, values, strict=True))
+
     async def store_offsets(self, consumer: str, offsets: Mapping[str, int]) -> None:
         """Store `consumer`'s offsets, concurrently with bounded parallelism; confirmed by a read-back.
 
@@ -512,6 +535,9 @@ class BrokerClient:
 
     def store_offsets_forward(self, consumer: str, offsets: Mapping[str, int]) -> dict[str, int]:
         return self._run(self.aio.store_offsets_forward(consumer, offsets), "store_offsets")
+
+    def publisher_sequences(self, producer: str, streams: Iterable[str]) -> dict[str, int]:
+        return self._run(self.aio.publisher_sequences(producer, streams), "publisher_sequences")
 
     def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
         self._run(self.aio.create_stream(stream, arguments), "create_stream")

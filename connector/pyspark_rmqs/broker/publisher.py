@@ -67,7 +67,9 @@ class WriteSettings:
     # With a producer name: True continues after the broker's last publishing id (a new batch of
     # data); False numbers messages first_publishing_id, +1, ... per stream, so re-sending the same
     # rows under the same name is deduplicated by the broker (the Spark sink's mode, whose names
-    # are unique per job or per streaming query: see spark/sink.py).
+    # are unique per job or per streaming query: see spark/sink.py). A produce run numbers each
+    # partition stream from its own recorded base instead (`StreamProducer.number_from`,
+    # `runs.producer`).
     resume_sequence: bool = True
     first_publishing_id: int = 1
     # Publishing ids must stay below this (exclusive); a streaming epoch owns [e << 32, (e+1) << 32).

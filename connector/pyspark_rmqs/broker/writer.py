@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark_rmqs.broker import recovery
@@ -60,6 +60,17 @@ class StreamProducer:
             partitioner_class=settings.partitioner_class,
         )
         self.messages = 0
+        self._first_ids: dict[str, int] = {}
+        self._skip: dict[str, int] = {}
+        self._skipped: dict[str, int] = {}
+
+    def number_from(self, first_ids: Mapping[str, int], skip: Mapping[str, int] | None = None) -> None:
+        """Number each partition stream's messages from `first_ids[stream]` (with a producer name the
+        broker drops those at or below its sequence: re-sent), after leaving out the first
+        `skip[stream]` messages routed to it (stored before, under ids the sequence has passed).
+        Call before the first `send`; streams not named continue after the broker's sequence."""
+        self._first_ids = dict(first_ids)
+        self._skip = {s: n for s, n in (skip or {}).items() if n > 0}
 
     @property
     def partitions(self) -> list[str]:
@@ -85,6 +96,13 @@ class StreamProducer:
 
     async def _send(self, groups: dict[str, Group]) -> None:
         for stream, g in groups.items():
+            left = self._skip.get(stream, 0) - self._skipped.get(stream, 0)
+            if left > 0:
+                k = min(left, len(g.messages))
+                self._skipped[stream] = self._skipped.get(stream, 0) + k
+                g = Group(g.messages[k:], None if g.filters is None else g.filters[k:], g.rows[k:])
+                if not g.messages:
+                    continue
             pub = await self._publisher(stream)
             await pub.publish(g.messages, g.filters, self.s, g.rows)
 
@@ -92,6 +110,8 @@ class StreamProducer:
         known = self._publishers.get(stream)
         if known is not None:
             return known
+
+        first = self._first_ids.get(stream)
 
         async def start() -> tuple[RmqsClient, Publisher]:
             client = await get_pool().acquire(self.conn, "rmqs-writer")
@@ -101,9 +121,9 @@ class StreamProducer:
                     stream,
                     0,
                     self.s.producer_name,
-                    self.s.resume_sequence,
+                    self.s.resume_sequence if first is None else False,
                     reconnect=self._reconnect,
-                    first_id=self.s.first_publishing_id,
+                    first_id=self.s.first_publishing_id if first is None else first,
                     id_limit=self.s.publishing_id_limit,
                 )
                 await pub.start()
@@ -147,6 +167,10 @@ class StreamProducer:
     def message_counts(self) -> dict[str, int]:
         """Messages sent per partition stream (confirmed once `flush()` returned)."""
         return {s: p.sent for s, p in self._publishers.items()}
+
+    def skipped_counts(self) -> dict[str, int]:
+        """Messages left out per partition stream (`number_from`'s `skip`)."""
+        return dict(self._skipped)
 
     def frame_stats(self) -> dict[str, tuple[int, int]]:
         """(publish frames sent, largest frame in bytes) per partition stream."""

@@ -9,6 +9,8 @@ package keeps it in one place in the broker (docs/failure-semantics.md, "The run
 - `record`: the run record, written before reading and moved through its states
   (planned -> delivered -> committed -> stored); a retry resumes the whole record.
 - `incarnation`: an identity per partition stream that a deleted and re-created stream cannot share.
+- `producer`: a produce run with a producer name holds the name's lease while it sends, and numbers
+  its messages from its identity's record, so a retry adds only what its failed try did not store.
 
 Metadata only: nothing here reads user messages or imports pyspark.
 """

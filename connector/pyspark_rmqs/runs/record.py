@@ -209,3 +209,34 @@ def advance(conn: Any, record: RunRecord, state: str) -> RunRecord:
 def ranges_of(record: RunRecord) -> Mapping[str, tuple[int, int]]:
     """The non-empty ranges of a record (what its run reads)."""
     return {s: r for s, r in record.ranges.items() if r[1] > r[0]}
+
+
+# Generic helpers for other kinds of record kept the same way (`runs.producer`): one pointer per
+# key, a record found as the first matching message at or after it, written only under the key's
+# lease.
+
+
+def latest_body(conn: Any, key: str, match: Any) -> bytes | None:
+    """The body of `key`'s newest record: the first message at or after `key`'s pointer that
+    `match`es; None when `key` has no pointer or retention removed its record."""
+    ensure_stream(conn)
+    client = BrokerClient(conn)
+    pointer = client.stored_offset(key, RUNS_STREAM)
+    if pointer is None:
+        return None
+    found = client.find_message(RUNS_STREAM, pointer, match)
+    return None if found is None else found[1]
+
+
+def write_body(conn: Any, key: str, body: bytes) -> None:
+    """Publish `body` (a JSON record) and move `key`'s pointer to it: the write happens when the
+    pointer moves. Call only while holding `key`'s lease (see `write`)."""
+    from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+
+    ensure_stream(conn)
+    client = BrokerClient(conn)
+    pointer = client.tail(RUNS_STREAM)
+    with StreamProducer(conn, RUNS_STREAM, superstream=False, settings=WriteSettings()) as producer:
+        producer.send([encode_body(body)])
+        producer.flush()
+    client.store_offsets(key, {RUNS_STREAM: pointer})
