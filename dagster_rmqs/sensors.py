@@ -93,10 +93,13 @@ def evaluate_new_data(
             run_requests=[RunRequest(run_key=range_run_key(ranges), tags={"rmqs/lag": str(w.total_lag)})],
             cursor=json.dumps(tails, sort_keys=True),
         )
-    # Partitioned: new ranges start where the last request ended (the watermark the first time).
+    # Partitioned: new ranges start where the last request ended (after the watermark the first
+    # time), even below what retention kept: a key that starts there makes its materialization
+    # report the removed offsets as data loss (failOnDataLoss), instead of no key ever naming them.
     new: dict[str, tuple[int, int]] = {}
     for p in w.partitions:
-        start = max(p.first, last.get(p.stream, p.next_offset) if last is not None else p.next_offset)
+        after = p.first if p.stored is None else p.stored + 1
+        start = last.get(p.stream, after) if last is not None else after
         if p.tail > start:
             new[p.stream] = (start, p.tail)
     count = sum(b - a for a, b in new.values())

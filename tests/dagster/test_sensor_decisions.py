@@ -62,6 +62,17 @@ def test_offset_ranges_are_added_at_most_once_per_interval_unless_big() -> None:
     assert [r.partition_key for r in legacy.run_requests or []] == [offset_range_key("o-0", 10, 12)]
 
 
+def test_offsets_retention_removed_after_the_cursor_are_in_the_next_key_not_skipped() -> None:
+    """The next key starts at the cursor (or after the watermark), not at the first offset kept: its
+    run then reports the removed offsets as data loss instead of no key ever naming them."""
+    truncated = Watermarks("orders", "c", False, (PartitionWatermark("o-0", 50, 80, None),))
+    r = evaluate_new_data(truncated, json.dumps({"tails": {"o-0": 30}, "added_at": 0}), 1, PDEF, now=10_000)
+    assert [q.partition_key for q in r.run_requests or []] == [offset_range_key("o-0", 30, 80)]
+    behind = Watermarks("orders", "c", False, (PartitionWatermark("o-0", 50, 80, 19),))
+    r = evaluate_new_data(behind, None, 1, PDEF, now=10_000)
+    assert [q.partition_key for q in r.run_requests or []] == [offset_range_key("o-0", 20, 80)]
+
+
 def test_observations_carry_a_tails_data_version_and_only_when_tails_change() -> None:
     key = AssetKey("orders_stream")
     one = evaluate_observation(key, marks({"o-0": 8}, stored=2), None)
