@@ -2,8 +2,9 @@
 
 A run appends every range's rows in one transaction whose snapshots carry the run's token in their
 summary (`rmqs.token`, with the consumer and ranges). Before writing, the sink looks for that token
-in the table's snapshots: a replayed range (the run died after the commit, before the watermark
-store) is recognised from the table itself and not appended again. Data files written by a run that
+in the table's snapshots, and in the table property `rmqs.last-run.<consumer hash>` the same commit
+sets (it outlives `expire_snapshots`): a replayed range (the run died after the commit, before the
+watermark store) is recognised from the table itself and not appended again. Data files written by a run that
 died before its commit are never referenced by a snapshot, so readers never see them (Iceberg's
 orphan-file cleanup removes them).
 
@@ -14,6 +15,7 @@ up to `flush_rows` and appended to the open transaction, never collected per ran
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -29,6 +31,12 @@ log = logging.getLogger(__name__)
 
 TOKEN_PROPERTY = "rmqs.token"
 RANGES_PROPERTY = "rmqs.ranges"
+
+
+def last_run_property(consumer: str | None) -> str:
+    """The table property holding the token of `consumer`'s last committed run."""
+    digest = hashlib.sha256((consumer or "").encode()).hexdigest()[:16]
+    return f"rmqs.last-run.{digest}"
 
 
 class IcebergSink:
@@ -66,10 +74,14 @@ class IcebergSink:
     # -- the run: checked before reading, committed after every range -------------------------
 
     def committed(self, token: RunToken) -> bool:
-        """Whether a snapshot of the table already carries `token` (a replayed, committed range)."""
+        """Whether the table already holds `token`'s run (a replayed, committed range): a snapshot
+        carries it, or the table property of its consumer's last run names it (which outlives
+        `expire_snapshots`)."""
         table = self._load(create=False)
         if table is None:
             return False
+        if table.metadata.properties.get(last_run_property(token.consumer)) == token.value:
+            return True
         return any(
             (s.summary is not None and s.summary.additional_properties.get(TOKEN_PROPERTY) == token.value)
             for s in table.metadata.snapshots
@@ -82,6 +94,9 @@ class IcebergSink:
         """Commit the run's transaction (every range at once); nothing to do for an empty run."""
         if self._tx is not None:
             self._flush()
+            assert self._token is not None
+            # In the same commit as the data: the consumer's last run, kept in the table's metadata.
+            self._tx.set_properties({last_run_property(self._token.consumer): self._token.value})
             self._tx.commit_transaction()
             self._tx = None
             self.outputs.append(self.identifier)
