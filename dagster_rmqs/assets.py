@@ -84,6 +84,7 @@ def build_stream_asset(
     fail_on_data_loss: bool = True,
     max_messages: int | None = None,
     partitions_def: PartitionsDefinition | None = None,
+    allow_open_windows: bool | None = None,
     drain_timeout_s: float = 3600.0,
     rabbitmq_key: str = DEFAULT_RABBITMQ_KEY,
     spark_key: str = DEFAULT_SPARK_KEY,
@@ -109,9 +110,13 @@ def build_stream_asset(
       an AvailableNow Structured Streaming drain with `checkpoint_location`);
     - offset-range partitions (`offset_range_partitions`): exactly the selected keys' ranges;
     - any `TimeWindowPartitionsDefinition` (daily, hourly, a cron): the messages whose chunk
-      timestamp falls in the window; an open window reads up to the tails at run start.
+      timestamp falls in the window, with its bounds and whether it closed decided by the broker's
+      clock; an open window reads up to the tails at run start. File outputs are kept per window
+      (`<output_path>/rmqs_window=<key>/`) and a materialization replaces its window's files whole.
+      A `sink` (or a table format) cannot be replaced: an open window is refused there unless
+      `allow_open_windows=True` (default: allowed exactly where the output is replaced).
     Partitioned runs never move the watermark; a backfill of many keys or windows is one run (the
-    default single-run backfill policy) and one read.
+    default single-run backfill policy): one read for offset ranges, one per window for windows.
 
     `engine="spark"` (default) reads with Spark (resource `spark_key`: a SparkSession, a
     `SparkSessionResource`, or any resource with `get_session()` / `spark_session`); `sink` then
@@ -142,6 +147,8 @@ def build_stream_asset(
         raise ConfigurationError("max_messages caps watermark runs; a partition reads its whole range")
     if sink is None and not output_path:
         raise ConfigurationError("give output_path (with output_format) or a sink")
+    if allow_open_windows is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):
+        raise ConfigurationError("allow_open_windows is for time-window partitions (partitions_def)")
     output = Output(
         output_path,
         output_format,
@@ -199,7 +206,10 @@ def build_stream_asset(
     if isinstance(partitions_def, DynamicPartitionsDefinition):
         return offset_range_asset(name, read, attrs, partitions_def=partitions_def)
     if isinstance(partitions_def, TimeWindowPartitionsDefinition):
-        return time_window_asset(name, read, attrs, partitions_def=partitions_def)
+        return time_window_asset(
+            name, read, attrs, partitions_def=partitions_def, allow_open_windows=allow_open_windows
+        )
+
     if partitions_def is not None:
         raise ConfigurationError(
             "partitions_def must be offset-range partitions (offset_range_partitions) or time windows (any "

@@ -69,6 +69,8 @@ class TimeWindowModel(Model):
     fmt: str
     timezone: str = "UTC"
     end_offset: int = 0
+    # Read windows still open by the broker's clock (default: where the output is replaced whole).
+    allow_open_windows: bool | None = None
 
 
 class SensorModel(Model):
@@ -172,6 +174,7 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             engine=self.engine,
             metadata_fields=self.metadata_fields,
             partitions_def=self.partitions(),
+            allow_open_windows=self.time_window.allow_open_windows if self.time_window else None,
             rabbitmq_key=self.rabbitmq_key,
             spark_key=self.spark_key,
             key_prefix=self.key_prefix,

@@ -8,7 +8,7 @@ and range, or a function per `pyarrow.RecordBatch`) and never imports pyspark.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dagster import AssetExecutionContext
@@ -63,6 +63,10 @@ class Engine(Protocol):
         store_watermark: bool,
     ) -> RunSummary: ...
 
+    def with_output(self, output: Output) -> "Engine":
+        """The same engine writing to `output` (a time window's own folder)."""
+        ...
+
 
 @dataclass(frozen=True)
 class SparkEngine:
@@ -72,6 +76,9 @@ class SparkEngine:
     spark_key: str = "spark"
     metadata_fields: str | None = None
     name: EngineName = "spark"
+
+    def with_output(self, output: Output) -> "SparkEngine":
+        return replace(self, output=output)
 
     def writer(self) -> "Callable[[DataFrame], Any]":
         if self.output.sink is not None:
@@ -115,6 +122,9 @@ class ArrowEngine:
     source_options: Mapping[str, str] = field(default_factory=dict)
     name: EngineName = "arrow"
     spark_key: None = None
+
+    def with_output(self, output: Output) -> "ArrowEngine":
+        return replace(self, output=output)
 
     def read(
         self,

@@ -4,7 +4,8 @@
 - `drain_asset`: the same drain as a Structured Streaming query with `Trigger.AvailableNow`.
 - `offset_range_asset`: dynamic partitions whose keys are offset ranges; the watermark stays.
 - `time_window_asset`: any `TimeWindowPartitionsDefinition`; a window reads the messages whose
-  chunk timestamp falls in it, `[offset at start, offset at end)`; the watermark stays.
+  chunk timestamp falls in it, `[offset at start, offset at end)` by the broker's clock
+  (windows.py); each materialization replaces its window's files; the watermark stays.
 
 Each factory wraps a small materialize function around `jobs.plan_read` and an `Engine`
 (engines.py); `define` turns it into a Dagster asset with the passthrough attributes.
@@ -31,12 +32,15 @@ from dagster import (
     asset,
 )
 
+from dagster_rmqs import windows
 from dagster_rmqs.engines import Engine
 from dagster_rmqs.failures import failures
 from dagster_rmqs.metadata import combine, run_metadata
 from dagster_rmqs.partitions import range_layers
 from dagster_rmqs.resources import session_of, stream_uri
 from dagster_rmqs.targets import META_MODE, StreamTarget
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.delivery import RunToken, local_path
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
 from pyspark_rmqs.options import ConnectionOptions
@@ -118,7 +122,7 @@ def define(
     consumer = str(t.consumer_name)
     backfill = a.pop("backfill_policy", None)
     if partitions_def is not None and backfill is None:
-        backfill = BackfillPolicy.single_run()  # a backfill of many keys or windows: one read
+        backfill = BackfillPolicy.single_run()  # a backfill of many keys or windows: one run
     kinds = a.pop("kinds", None) or {"rabbitmq", "spark" if read.engine.name == "spark" else "parquet"}
     spark_key = read.engine.spark_key
     keys = {t.rabbitmq_key, spark_key} if spark_key else {t.rabbitmq_key}
@@ -275,38 +279,84 @@ def time_window_asset(
     attrs: AssetAttributes,
     *,
     partitions_def: TimeWindowPartitionsDefinition,
+    allow_open_windows: bool | None = None,
 ) -> AssetsDefinition:
     """A window reads `[offset at its start, offset at its end)` by chunk timestamp, per stream.
 
-    Offsets come from the broker's timestamp lookup (the first chunk at or after a time), so
-    adjacent windows meet at the same offset: no overlap, no gap. A window still open at run start
-    reads up to the tails then (and says so: `window_open`). A single-run backfill reads the span
-    of all its windows at once. The watermark is never read or moved.
+    Start, end and whether the window closed are the broker's clock (windows.py): adjacent windows
+    meet at the same offset, whatever the Dagster process's clock says. An open window reads up to
+    the tails (and says so: `window_open`). Files rmqs writes are kept per window
+    (`rmqs_window=<key>/`) and each materialization replaces its window's folder whole, so reading
+    an open window again after it closed never adds its rows twice. A sink function (or a table
+    format) cannot be replaced: there an open window is refused unless `allow_open_windows`. A
+    single-run backfill reads its windows one after the other, each into its own output. The
+    watermark is never read or moved.
     """
+    replace_whole = windows.replaces_windows(read.engine)
+    allow_open = replace_whole if allow_open_windows is None else allow_open_windows
+    out = read.engine.output
+    if replace_whole and out.mode not in ("append", "overwrite"):
+        raise ConfigurationError(
+            f"time windows replace each window's folder: output_mode must be 'append' or 'overwrite'; "
+            f"got {out.mode!r}"
+        )
 
     def materialize(context: AssetExecutionContext) -> MaterializeResult:
         with failures():
             conn = read.connection(context)
-            window = context.partition_time_window
-            now = datetime.now(UTC)
-            still_open = window.end > now
-            plan = read.plan(
-                conn, start=window.start, end="latest" if still_open else window.end, persist=False
-            )
             keys = list(context.partition_keys)
-            state = "open: up to the tails at run start" if still_open else "closed"
-            context.log.info(
-                f"reading {describe(plan)} for window [{window.start.isoformat()}, "
-                f"{window.end.isoformat()}) ({len(keys)} partition(s), {state}); "
-                "watermark unchanged"
-            )
-            summary = read.engine.read(context, conn, plan, store_watermark=False)
+            spans = [(k, partitions_def.time_window_for_partition_key(k)) for k in keys]
+            client = BrokerClient(conn)
+            streams = read.target.target.streams(client)
+            located = windows.locate(client, streams, spans, now=datetime.now(UTC))
+            still_open = [w for w in located if w.is_open]
+            if still_open and not allow_open:
+                raise windows.OpenWindowError(
+                    f"{'; '.join(w.describe_open() for w in still_open)}. The output (a sink function "
+                    "or a table format) cannot have an open window's rows replaced later: materialize "
+                    "the window once it closed, or build the asset with allow_open_windows=True (the "
+                    "sink then receives the window's rows again when it is materialized after it closed)"
+                )
+            summaries = []
+            for w in located:
+                plan = read.plan(conn, start=w.start_offsets, end=w.end_offsets, persist=False)
+                state = "open: up to the tails" if w.is_open else "closed by the broker's clock"
+                context.log.info(
+                    f"reading {describe(plan)} for window '{w.key}' [{w.start.isoformat()}, "
+                    f"{w.end.isoformat()}) ({state}); watermark unchanged"
+                )
+                engine = windows.window_engine(read.engine, w.key) if replace_whole else read.engine
+                summary = engine.read(context, conn, plan, store_watermark=False)
+                if replace_whole:
+                    _replace_window(engine, plan, summary)
+                summaries.append(summary)
+            if len(summaries) == 1:
+                summary = summaries[0]
+            else:
+                layers = [
+                    {s: (p, summ.end_offsets[s]) for s, p in summ.start_offsets.items()} for summ in summaries
+                ]
+                summary = combine(summaries, layers)
             extra = {
-                "window_start": MetadataValue.timestamp(window.start),
-                "window_end": MetadataValue.timestamp(window.end),
-                "window_open": MetadataValue.bool(still_open),
+                "window_start": MetadataValue.timestamp(located[0].start),
+                "window_end": MetadataValue.timestamp(located[-1].end),
+                "window_open": MetadataValue.bool(bool(still_open)),
                 "partition_keys": MetadataValue.json(keys),
             }
+            if still_open:
+                extra["open_windows"] = MetadataValue.json([w.key for w in still_open])
             return read.result(conn, summary, extra)
 
     return define(name, read, "time_windows", materialize, attrs, partitions_def=partitions_def)
+
+
+def _replace_window(engine: Engine, plan: ReadPlan, summary: RunSummary) -> None:
+    """What the window's folder held before this run is gone: only this run's output stays."""
+    folder = str(engine.output.path)
+    if windows.commits_runs(engine) and (engine.name == "arrow" or local_path(folder) is not None):
+        files = summary.extra.get("files")
+        windows.keep_only(
+            folder, RunToken(plan.consumer, plan.ranges), files if isinstance(files, list) else ()
+        )
+    elif plan.is_empty:  # Spark overwrote the folder when it wrote; with nothing to write, it did not
+        windows.remove(folder)

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance, ExecuteInProcessResult, TimeWindowPartitionsDefinition, materialize
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    ExecuteInProcessResult,
+    TimeWindowPartitionsDefinition,
+    materialize,
+)
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from pyspark.sql import SparkSession
 
@@ -111,3 +117,219 @@ def test_time_window_assets_refuse_a_new_data_sensor_and_max_messages() -> None:
         build_stream_asset(
             "d", stream="s", consumer_name="c", output_path="/x", partitions_def=daily, max_messages=5
         )
+
+
+def wait_for_second(lo: int, hi: int) -> datetime:
+    """Sleep until the wall clock's second is in [lo, hi] (the broker on this host shares the clock)."""
+    now = datetime.now(UTC)
+    if not lo <= now.second <= hi:
+        start = minute(now) + timedelta(seconds=lo)
+        if start <= now:
+            start += timedelta(minutes=1)
+        time.sleep((start - now).total_seconds() + 0.2)
+    return datetime.now(UTC)
+
+
+def sleep_until(t: datetime) -> None:
+    time.sleep(max(0.0, (t - datetime.now(UTC)).total_seconds()))
+
+
+def minute_windows(first: datetime) -> TimeWindowPartitionsDefinition:
+    """One-minute windows; `end_offset=1`: the current (open) minute is a partition too."""
+    return TimeWindowPartitionsDefinition(
+        cron_schedule="* * * * *", fmt=FMT, start=first - timedelta(minutes=5), timezone="UTC", end_offset=1
+    )
+
+
+def test_an_open_window_materialized_again_after_it_closed_holds_every_offset_once(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams: StreamFactory,
+    rabbitmq: RabbitMQStreamsResource,
+    tmp_path: Path,
+) -> None:
+    """Issue "Time-window partitions" (a): 50 published, the window read open ([0, 30)) then closed.
+
+    Every offset once in each engine's output: the closed window's output replaces the open one's,
+    it is never added next to it (the old code wrote `[0, 30)` and `[0, 50)`: 80 rows). The stream
+    is idle after the window: only the broker's clock (a probe) can close it.
+    """
+    s = streams.stream()
+    wait_for_second(0, 15)
+    m = minute(datetime.now(UTC))
+    key = m.strftime(FMT)
+    pdef = minute_windows(m)
+    engines = ("spark", "arrow")
+    assets = {
+        e: build_stream_asset(
+            f"w_{e}",
+            stream=s,
+            consumer_name="dgw",
+            output_path=str(tmp_path / e),
+            partitions_def=pdef,
+            engine=e,
+        )
+        for e in engines
+    }
+    resources = {"rabbitmq": rabbitmq, "spark": spark}
+    instance = DagsterInstance.ephemeral()
+
+    def run() -> dict[str, dict[str, Any]]:
+        out = {}
+        for e in engines:
+            res = materialize([assets[e]], instance=instance, resources=resources, partition_key=key)
+            (out[e],) = meta(res, f"w_{e}")
+        return out
+
+    publish(broker, s, [f"a{i}".encode() for i in range(30)])
+    opened = run()
+    publish(broker, s, [f"b{i}".encode() for i in range(20)])
+    assert datetime.now(UTC) < m + timedelta(minutes=1), "the test was too slow: the window closed early"
+    sleep_until(m + timedelta(minutes=1, seconds=1))  # nothing is published after the window
+    closed = run()
+
+    for e in engines:
+        offsets = [o for o, _ in rows(spark, tmp_path / e)]
+        assert sorted(offsets) == list(range(50)), f"{e}: {len(offsets)} rows for 50 offsets"
+        assert (opened[e]["window_open"], closed[e]["window_open"]) == (True, False), e
+        assert (opened[e]["end_offsets"], closed[e]["end_offsets"]) == ({s: 30}, {s: 50}), e
+
+
+def test_a_dagster_clock_ahead_of_the_broker_puts_every_offset_in_exactly_one_window(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams: StreamFactory,
+    rabbitmq: RabbitMQStreamsResource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue "Time-window partitions" (b): the Dagster process's clock 30 s ahead of the broker's.
+
+    Minute M is read 31 s into it (the skewed clock says it ended), 20 more offsets land in M, then
+    15 in M+1. A window is materialized again when its last materialization said `window_open`.
+    The old code called M closed by its own clock and ended it at the tail: offsets 10-29 landed in
+    neither window (25 of 45 in the output).
+    """
+    import dagster_rmqs.factories as factories
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> "Ahead":  # type: ignore[override]
+            t = datetime.now(tz) + timedelta(seconds=30)
+            return cls.fromtimestamp(t.timestamp(), tz)
+
+    s = streams.stream()
+    wait_for_second(31, 38)
+    m = minute(datetime.now(UTC))
+    k1, k2 = m.strftime(FMT), (m + timedelta(minutes=1)).strftime(FMT)
+    asset = build_stream_asset(
+        "skewed",
+        stream=s,
+        consumer_name="dgw",
+        output_path=str(tmp_path / "out"),
+        partitions_def=minute_windows(m),
+        engine="arrow",
+    )
+    resources = {"rabbitmq": rabbitmq}
+    instance = DagsterInstance.ephemeral()
+
+    def run(key: str) -> dict[str, Any]:
+        (m_,) = meta(
+            materialize([asset], instance=instance, resources=resources, partition_key=key), "skewed"
+        )
+        return m_
+
+    monkeypatch.setattr(factories, "datetime", Ahead)
+    bodies = [f"a{i}".encode() for i in range(10)]
+    publish(broker, s, bodies)
+    first = run(k1)  # 31 s into M by the broker's clock, 1 s after M by the Dagster process's clock
+    more = [f"b{i}".encode() for i in range(20)]
+    publish(broker, s, more)  # still in M for the broker
+    assert datetime.now(UTC) < m + timedelta(minutes=1), "the test was too slow: M ended early"
+    sleep_until(m + timedelta(minutes=1, seconds=1))
+    late = [f"c{i}".encode() for i in range(15)]
+    publish(broker, s, late)  # in M+1
+    again = run(k1) if first["window_open"] else first  # materialized again now that it closed
+    second = run(k2)
+
+    # Offsets, not only counts: the clock probe's offset-tracking entry takes an offset too.
+    out = spark.read.parquet(str(tmp_path / "out")).select("offset", "value").collect()
+    values = sorted(bytes(r.value) for r in out)
+    assert values == sorted(bodies + more + late), f"{len(values)} rows for 45 published messages"
+    assert len({r.offset for r in out}) == len(out)
+    assert first["window_open"] is True  # by the broker's clock, whatever the Dagster clock said
+    assert again["window_open"] is False and again["end_offsets"] == second["start_offsets"]
+
+
+def test_an_open_window_is_refused_for_a_sink_function_unless_allowed(
+    broker: BrokerSettings, streams: StreamFactory, rabbitmq: RabbitMQStreamsResource
+) -> None:
+    """A sink function cannot have its rows replaced: an open window is refused, naming the window
+    and when it closes by the broker's clock; `allow_open_windows=True` reads it (the sink then
+    sees its rows again when the window is materialized after it closed)."""
+    s = streams.stream()
+    wait_for_second(0, 45)
+    m = minute(datetime.now(UTC))
+    key = m.strftime(FMT)
+    publish(broker, s, [f"a{i}".encode() for i in range(5)])
+    got: list[int] = []
+
+    def sink(batch: Any) -> None:
+        got.extend(batch.column("offset").to_pylist())
+
+    def asset(**kw: Any) -> Any:
+        return build_stream_asset(
+            "sunk",
+            stream=s,
+            consumer_name="dgw",
+            sink=sink,
+            partitions_def=minute_windows(m),
+            engine="arrow",
+            **kw,
+        )
+
+    refused = materialize(
+        [asset()], resources={"rabbitmq": rabbitmq}, partition_key=key, raise_on_error=False
+    )
+    assert not refused.success and got == []
+    (failure,) = [e for e in refused.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    text = str(failure.step_failure_data.error)
+    assert key in text and "open" in text and (m + timedelta(minutes=1)).isoformat() in text, text
+
+    allowed = materialize(
+        [asset(allow_open_windows=True)], resources={"rabbitmq": rabbitmq}, partition_key=key
+    )
+    assert meta(allowed, "sunk")[0]["window_open"] is True and got == list(range(5))
+
+
+def test_keep_only_leaves_one_run_in_a_window_folder_and_keys_are_escaped_as_spark_does(
+    tmp_path: Path,
+) -> None:
+    from dagster_rmqs.windows import escape_key, keep_only, window_path
+    from pyspark_rmqs.delivery import FileCommits, RunToken
+
+    assert escape_key("2026-01-01-12:01") == "2026-01-01-12%3A01" and escape_key("2026-01-01") == "2026-01-01"
+    folder = window_path(str(tmp_path), "2026-01-01-12:01")
+    assert folder == f"{tmp_path}/rmqs_window=2026-01-01-12%3A01"
+    root = Path(folder)
+    commits = FileCommits(folder)
+    old, new = RunToken("c", {"s": (0, 30)}), RunToken("c", {"s": (0, 50)})
+    for token in (old, new):  # a Spark run's layout: rmqs_run=<token>/part-*.parquet and its record
+        part = root / f"rmqs_run={token.value}" / "part-0.parquet"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(b"x")
+        commits.commit(token, [str(part.relative_to(root))], 1, 1)
+    (root / "s-0-30.parquet").write_bytes(b"x")  # a Spark-free run's file, no longer recorded
+    (root / ".s-0-40.parquet.1234.tmp").write_bytes(b"x")  # a crashed write
+    (root / "_rmqs_staging" / "x").mkdir(parents=True)
+
+    keep_only(folder, new)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "_rmqs_commits",
+        "_rmqs_staging",
+        f"rmqs_run={new.value}",
+    ]
+    assert commits.record(old) is None and commits.record(new) is not None
+    keep_only(folder, RunToken("c", {}))  # a window with nothing to read: replaced by nothing
+    assert sorted(p.name for p in root.iterdir()) == ["_rmqs_commits", "_rmqs_staging"]
+    assert not list((root / "_rmqs_commits").iterdir())

@@ -445,6 +445,48 @@ def test_sub_entry_compression_round_trip(conn, client, streams, compression: st
 # ------------------------------------------------------------------------------------- timestamps
 
 
+def test_tail_of_a_stream_holding_only_tracking_entries(conn, client, streams) -> None:  # type: ignore[no-untyped-def]
+    """An offset stored on an empty stream is its only chunk: the tail is 0, found at once (the scan
+    for a user chunk must see offset-tracking chunks, or it waits for one and times out)."""
+    s = streams.stream()
+    client.store_offsets("c", {s: 0})
+    assert client.stats(s).committed_chunk_id == 0
+    tail, took = timed(client.tail, s)
+    assert tail == 0 and took < 10
+
+
+def test_time_bounds_follow_the_broker_clock_and_a_stamp_closes_an_idle_time(conn, client, streams) -> None:  # type: ignore[no-untyped-def]
+    s = streams.stream()
+    publish(conn, s, bodies("A", 0, 40))
+    time.sleep(1.2)
+    t1 = int(time.time() * 1000)
+    publish(conn, s, bodies("B", 0, 30))
+    time.sleep(1.2)
+    t2 = int(time.time() * 1000)  # nothing after it: the broker's clock shows no chunk that late
+
+    first, at_t1, at_t2 = client.time_bounds([s], [0, t1, t2])[s]
+    assert (first.offset, first.passed, at_t1.offset, at_t1.passed) == (0, True, 40, True)
+    assert (at_t2.offset, at_t2.passed) == (70, False) and at_t2.last_timestamp is not None
+    assert at_t1.last_timestamp is not None and at_t2.last_timestamp < t2
+
+    client.stamp_clock([s])  # an offset-tracking entry, timestamped now by the broker: t2 passed
+    again = client.time_bounds([s], [t1, t2])[s]
+    assert [(b.offset, b.passed) for b in again] == [(40, True), (70, True)]
+    assert client.tail(s) == 70  # the stamp holds no message
+    publish(conn, s, bodies("C", 0, 5))
+    assert client.time_bounds([s], [t2])[s][0].offset == 70  # the same answer once passed
+    assert read(conn, s, 70, client.tail(s))[1] == bodies("C", 0, 5)
+
+    empty = streams.stream()
+    (bound,) = client.time_bounds([empty], [t2])[empty]
+    assert (bound.offset, bound.passed, bound.last_timestamp) == (0, False, None)
+    client.stamp_clock([empty])
+    (bound,) = client.time_bounds([empty], [t2])[empty]
+    assert (bound.offset, bound.passed) == (0, True) and client.tail(empty) == 0
+    with pytest.raises(ValueError, match="ascending"):
+        client.time_bounds([s], [t2, t1])
+
+
 def test_offset_for_timestamp(conn, client, streams) -> None:  # type: ignore[no-untyped-def]
     s = streams.stream()
     a, b = bodies("A", 0, 70), bodies("B", 0, 30)

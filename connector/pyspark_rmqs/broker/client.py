@@ -8,8 +8,10 @@ executors, Dagster and the CLI call plain functions. Connections come from `pool
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +30,11 @@ R = TypeVar("R")
 
 PROBE_TIMEOUT_S = 1.5
 STORE_PARALLELISM = 16
+# The subscription property that delivers every chunk, offset-tracking chunks included (the broker
+# delivers only user chunks by default); brokers that do not know it deliver user chunks only.
+EVERY_CHUNK = {"chunk_selector": "all"}
+# The tracking reference `stamp_clock` stores: each store is a chunk the broker timestamps.
+CLOCK_REFERENCE = "rmqs.clock"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,22 @@ class StreamStats:
     def first_offset(self) -> int:
         """The first offset still in the stream (retention moves it forward); 0 for an empty stream."""
         return max(0, self.first_chunk_id)
+
+
+@dataclass(frozen=True)
+class TimeBound:
+    """Where a time falls in a stream by the broker's clock (chunk timestamps), for windows of time.
+
+    `passed`: the stream holds a chunk (of any kind, offset-tracking chunks included) timestamped at
+    or after the time, so the broker's clock passed it; `offset` is that chunk's first offset, the
+    same answer every later lookup gives (timestamps never go back). Otherwise `offset` is the tail
+    measured before the broker showed that no chunk had reached the time, so every offset below it
+    is older than the time; `last_timestamp` is then the newest chunk's timestamp (None: empty).
+    """
+
+    offset: int
+    passed: bool
+    last_timestamp: int | None = None
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -185,9 +208,9 @@ class AsyncBrokerClient:
 
         return await self._retry(f"tail of '{stream}'", once, timeout_error=True)
 
-    async def _probe(self, stream: str, spec: Any) -> Chunk | None:
+    async def _probe(self, stream: str, spec: Any, *, every_chunk: bool = False) -> Chunk | None:
         """The first chunk a subscription at `spec` delivers; None when none came within the probe timeout."""
-        chunks = await self._scan(stream, spec, lambda chunk: True)
+        chunks = await self._scan(stream, spec, lambda chunk: True, every_chunk=every_chunk)
         return chunks[-1] if chunks else None
 
     async def _has_user_chunk(self, stream: str, st: StreamStats) -> bool:
@@ -205,18 +228,21 @@ class AsyncBrokerClient:
             return chunk.first_offset >= st.committed_chunk_id
 
         spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, max(0, st.first_chunk_id))
-        chunks = await self._scan(stream, spec, done)
+        chunks = await self._scan(stream, spec, done, every_chunk=True)
         if not chunks or not done(chunks[-1]):
             raise BrokerTimeoutError(
                 f"tail of '{stream}': the broker did not deliver its chunks within {PROBE_TIMEOUT_S} s"
             )
         return bool(seen)
 
-    async def _scan(self, stream: str, spec: Any, done: Callable[[Chunk], bool]) -> list[Chunk]:
+    async def _scan(
+        self, stream: str, spec: Any, done: Callable[[Chunk], bool], *, every_chunk: bool = False
+    ) -> list[Chunk]:
         """Chunks from `spec`, one credit at a time, until `done(chunk)`; stops at the first silence.
 
         Returns what arrived (the last element satisfies `done` unless the broker went silent for
-        `PROBE_TIMEOUT_S`). Chunk data is kept only for the last chunk.
+        `PROBE_TIMEOUT_S`). Chunk data is kept only for the last chunk. With `every_chunk`, the
+        broker delivers offset-tracking chunks too (`EVERY_CHUNK`).
         """
         client = await self._locator()
         sub = client.alloc_subscription_id()
@@ -225,7 +251,8 @@ class AsyncBrokerClient:
         out: list[Chunk] = []
         try:
             try:
-                await client.subscribe(stream, sub, offset_spec=spec, initial_credit=1)
+                props = dict(EVERY_CHUNK) if every_chunk else None
+                await client.subscribe(stream, sub, offset_spec=spec, initial_credit=1, properties=props)
             except rx.StreamDoesNotExist as e:
                 raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
             try:
@@ -333,6 +360,55 @@ class AsyncBrokerClient:
             return chunk.first_offset, chunk.timestamp
 
         return await self._retry(f"oldest chunk of '{stream}'", once, timeout_error=True)
+
+    async def time_bounds(self, stream: str, timestamps_ms: Sequence[int]) -> list[TimeBound]:
+        """Whether the broker's clock passed each time on `stream`, and the offset there (`TimeBound`).
+
+        Windows of time meet at these offsets: a window is closed only once its end has `passed`
+        (a chunk timestamped at or after it exists), and then it ends where the next one starts.
+        `timestamps_ms` ascend; once one has not passed, the later ones share its answer. The tail
+        is measured once, first: every "not passed" proof comes after it.
+        """
+        times = list(timestamps_ms)
+        if times != sorted(times):
+            raise ValueError(f"time bounds need ascending timestamps; got {times}")
+        tail = await self.tail(stream)
+        out: list[TimeBound] = []
+        for t in times:
+            if out and not out[-1].passed:
+                out.append(out[-1])
+                continue
+            once = functools.partial(self._time_bound_once, stream, t, tail)
+            out.append(await self._retry(f"time bound of '{stream}' at {t}", once, timeout_error=True))
+        return out
+
+    async def _time_bound_once(self, stream: str, timestamp_ms: int, tail: int) -> TimeBound:
+        spec = schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms)
+        chunk = await self._probe(stream, spec, every_chunk=True)
+        if chunk is not None:
+            return TimeBound(chunk.first_offset, True, chunk.timestamp)
+        # Silence: nothing reached the time yet, or a slow broker. The newest chunk tells them apart.
+        st = await self.stats(stream)
+        if st.is_empty:
+            return TimeBound(tail, False, None)
+        spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, st.committed_chunk_id)
+        last = await self._probe(stream, spec, every_chunk=True)
+        if last is not None and last.timestamp < timestamp_ms:
+            return TimeBound(tail, False, last.timestamp)
+        raise BrokerTimeoutError(  # a chunk reached the time since the probe, or the broker is slow
+            f"time bound of '{stream}' at {timestamp_ms}: the broker delivered no chunk within "
+            f"{PROBE_TIMEOUT_S} s"
+        )
+
+    async def stamp_clock(self, stream: str) -> None:
+        """Make the broker timestamp a chunk of `stream` now, by its clock: an offset-tracking entry.
+
+        Stores an offset for the tracking reference `CLOCK_REFERENCE` (the local time in epoch
+        milliseconds, so that every stamp is a new value the read-back can confirm). It holds no
+        messages and moves no consumer's offset; `time_bounds` then sees the broker's "now" on an
+        idle stream, where no message would show that a time has passed.
+        """
+        await self.store_offsets(CLOCK_REFERENCE, {stream: time.time_ns() // 1_000_000})
 
     async def stored_offset(self, consumer: str, stream: str) -> int | None:
         """The broker-stored offset of `consumer` on `stream`; None when it stored none."""
@@ -523,6 +599,24 @@ class BrokerClient:
             return dict(zip(names, found, strict=True))
 
         return self._run(all_chunks(list(streams)), "oldest_chunks")
+
+    def time_bounds(self, streams: Iterable[str], timestamps_ms: Sequence[int]) -> dict[str, list[TimeBound]]:
+        """`time_bounds` of every stream at the same ascending times, the streams concurrently."""
+
+        async def all_bounds(names: list[str]) -> dict[str, list[TimeBound]]:
+            found = await asyncio.gather(*(self.aio.time_bounds(s, timestamps_ms) for s in names))
+            return dict(zip(names, found, strict=True))
+
+        # A lookup per time and stream (a long backfill has thousands): the backstop grows with them.
+        return run_sync(all_bounds(list(streams)), self._timeout + 10.0 * len(timestamps_ms), "time_bounds")
+
+    def stamp_clock(self, streams: Iterable[str]) -> None:
+        """`stamp_clock` on every stream, concurrently."""
+
+        async def stamp(names: list[str]) -> None:
+            await asyncio.gather(*(self.aio.stamp_clock(s) for s in names))
+
+        self._run(stamp(list(streams)), "stamp_clock")
 
     def stored_offset(self, consumer: str, stream: str) -> int | None:
         return self._run(self.aio.stored_offset(consumer, stream), "stored_offset")
