@@ -34,8 +34,11 @@ broker-down:
 broker-status:
 	@bash scripts/broker.sh status
 
+# Two phases (scripts/test.sh): the tests that leave the broker alone on TEST_WORKERS workers, then
+# the broker-fault tests alone; it ends with the slowest 15 tests and the time per tier.
+TEST_WORKERS ?= 4
 test: setup broker-up
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -12,6 +12,8 @@ import pytest
 
 from tests.support import broker as tb
 
+pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
+
 
 @pytest.fixture(scope="session")
 def broker() -> tb.BrokerSettings:
@@ -96,8 +98,42 @@ def spark() -> Iterator[object]:
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
+# Tests that stop, restart or pause the shared broker, or count broker-wide connections: `make test`
+# runs them alone, after the parallel phase (`-m serial`), so no other test sees their faults.
+SERIAL = (
+    "tests/e2e/faults/test_broker_restart.py::",
+    "tests/e2e/soak/test_soak.py::",
+    "tests/airflow/test_triggers.py::test_new_data_trigger_rides_out_a_broker_restart",
+    "tests/e2e/faults/test_read_guarantees.py::test_a_paused_broker_",
+)
+# Whole files one worker runs: a module-scoped server or a fixed broker user.
+FILE_GROUPS = {
+    "tests/integration/test_secrets.py": "spark-a",
+    "tests/airflow/test_spark_connect_operators.py": "connect",
+    "tests/e2e/test_spark_connect.py": "connect",
+    "tests/airflow/test_slim_install.py": "slim",
+}
+
+
+def xdist_group(item: pytest.Item, names: set[str]) -> str | None:
+    """The pytest-xdist group of a test (`--dist loadgroup`): tests sharing an expensive per-process
+    resource (a SparkSession, an Airflow database, a Connect server) run on as few workers as can
+    keep them busy; every other test goes to whichever worker is free."""
+    path = item.nodeid.split("::", 1)[0]
+    if path in FILE_GROUPS:
+        return FILE_GROUPS[path]
+    if path.startswith("tests/e2e/faults/"):
+        return "faults"
+    if names & {"spark", "airflow_db"}:
+        return "spark-a" if path.startswith("tests/integration/") else "spark-b"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns xdist_group marks into its scheduling ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark by folder and fixtures, so `-m 'not broker'` runs the pure unit tests alone."""
+    """Mark by folder and fixtures, so `-m 'not broker'` runs the pure unit tests alone; mark the
+    tests that must run alone (`serial`) and the xdist group of the others."""
+    grouping = config.pluginmanager.hasplugin("xdist")
     for item in items:
         fixtures: Callable[[], list[str]] | list[str] = getattr(item, "fixturenames", [])
         names = set(fixtures if isinstance(fixtures, list) else [])
@@ -105,3 +141,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.broker)
         if "spark" in names:
             item.add_marker(pytest.mark.spark)
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+        elif grouping and (group := xdist_group(item, names)) is not None:
+            item.add_marker(pytest.mark.xdist_group(name=group))

@@ -56,7 +56,7 @@ class Lease:
         if client is None:
             return
         try:
-            run_sync(_close(client, self._sub), 10.0, "release lease")
+            run_sync(_release(client, self._sub), 10.0, "release lease")
         except Exception:
             log.debug("releasing the lease on '%s' failed; the broker ends it with the connection", self.name)
 
@@ -83,6 +83,22 @@ def check_name(name: str, what: str = "consumer name") -> str:
             f"{what} '{name[:40]}...' is {size} bytes; the broker allows at most {MAX_NAME_BYTES}"
         )
     return name
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _release(client: RmqsClient, sub: int) -> None:
+    """Unsubscribe (the broker hands the lease on at once), then close the connection in the
+    background: rstream's close waits 200 ms after the broker's answer, a cost no run should pay."""
+    try:
+        await asyncio.wait_for(client.unsubscribe(sub), 5.0)
+    except Exception:  # the connection is going anyway: closing it ends the subscription too
+        await _close(client, sub)
+        return
+    task = asyncio.get_running_loop().create_task(_close(client, sub))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 async def _close(client: RmqsClient, sub: int) -> None:

@@ -42,8 +42,10 @@ def spark_worker_pids(port: int, ignore: set[tuple[int, int]] | None = None) -> 
     """Spark Python workers (not this driver process) with a connection to the broker's stream port
     that is not in `ignore` (idle connections a reused worker pooled in an earlier job)."""
     me = os.getpid()
+    # Only this process's own Spark workers: other tests' Spark processes may run beside it.
+    mine = {p.pid for p in psutil.Process(me).children(recursive=True)}
     pids = []
-    for pid in sorted({p for p, lport in connections(port) - (ignore or set()) if p != me}):
+    for pid in sorted({p for p, lport in connections(port) - (ignore or set()) if p != me and p in mine}):
         try:
             cmd = " ".join(psutil.Process(pid).cmdline())
         except psutil.NoSuchProcess:

@@ -1,0 +1,108 @@
+"""Where the suite's time goes: per-test CPU beside wall time, and the report `make test` ends with.
+
+Each test records the CPU its process tree spent (this process and every process below it: Spark's
+JVM and Python workers, subprocesses) as the junit property `cpu_s`; `python -m tests.support.timing
+A.xml B.xml` then prints, for the runs those files hold: the slowest 15 tests, the wall and CPU time
+per tier and the most idle test files (wall minus CPU: waiting on the broker, Spark, a server or a
+sleep), and last a plain `N passed, N failed, N skipped` line over all of them.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process, its live descendants and the children it reaped (user + system)."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = reaped.ru_utime + reaped.ru_stime
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+_START = pytest.StashKey[tuple[float, float]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_START] = (_tree_cpu(), time.monotonic())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # Before the teardown report is made: junitxml writes the properties that report carries.
+    if call.when == "teardown" and _START in item.stash:
+        cpu0, t0 = item.stash[_START]
+        item.user_properties.append(("file", item.nodeid.split("::", 1)[0]))
+        item.user_properties.append(("cpu_s", round(max(0.0, _tree_cpu() - cpu0), 3)))
+        item.user_properties.append(("wall_s", round(time.monotonic() - t0, 3)))
+    yield
+
+
+def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
+    """(file, test, wall, cpu, outcome) per test case of the junit files."""
+    for path in paths:
+        if not path.exists():
+            continue
+        for case in ET.parse(path).getroot().iter("testcase"):
+            props = {p.get("name"): p.get("value") for p in case.iter("property")}
+            wall = float(props.get("wall_s") or case.get("time") or 0)
+            cpu = float(props.get("cpu_s") or 0)
+            outcome = "passed"
+            for child in case:
+                if child.tag in ("failure", "error"):
+                    outcome = "failed"
+                elif child.tag == "skipped":
+                    outcome = "skipped"
+            file = props.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+            yield file, case.get("name", ""), wall, cpu, outcome
+
+
+def report(paths: list[Path]) -> int:
+    cases = list(_cases(paths))
+    if not cases:
+        print("timing: no test results found")
+        return 1
+    print("\nslowest 15 tests (wall s, cpu s):")
+    for file, name, wall, cpu, _ in sorted(cases, key=lambda c: -c[2])[:15]:
+        print(f"  {wall:7.1f} {cpu:7.1f}  {file}::{name}")
+    tiers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for file, _, wall, cpu, _ in cases:
+        parts = Path(file).parts
+        tier = "/".join(parts[:3] if len(parts) > 3 and parts[1] == "e2e" else parts[:2])
+        tiers[tier][0] += wall
+        tiers[tier][1] += cpu
+        tiers[tier][2] += 1
+        files[file][0] += wall
+        files[file][1] += cpu
+    print("per tier (tests, wall s summed over workers, cpu s):")
+    for tier, (wall, cpu, n) in sorted(tiers.items(), key=lambda t: -t[1][0]):
+        print(f"  {tier:28} {int(n):5d} {wall:8.1f} {cpu:8.1f}")
+    print("most idle files (wall - cpu s):")
+    for file, (wall, cpu) in sorted(files.items(), key=lambda f: -(f[1][0] - f[1][1]))[:10]:
+        print(f"  {wall - cpu:7.1f}  {file}")
+    counts = defaultdict(int)
+    for *_, outcome in cases:
+        counts[outcome] += 1
+    print(f"total: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(report([Path(a) for a in sys.argv[1:]]))
