@@ -34,9 +34,10 @@ broker-down:
 broker-status:
 	@bash scripts/broker.sh status
 
-# Two phases (scripts/test.sh): the tests that leave the broker alone on TEST_WORKERS workers, then
-# the broker-fault tests alone; it ends with the slowest 15 tests and the time per tier.
-TEST_WORKERS ?= 4
+# Two phases (scripts/test.sh): the tests that leave the broker alone (on TEST_WORKERS pytest-xdist
+# workers when above 1), then the broker-fault tests alone; it ends with the slowest 15 tests and
+# the time per tier.
+TEST_WORKERS ?= 1
 test: setup broker-up
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 

@@ -36,6 +36,9 @@ class Output:
     partition_by: Sequence[str] = ()
     sink: Callable[[Any], Any] | None = None
     delivery: str = "exactly_once"
+    # A time window's folder, replaced whole by each materialization: every run writes its whole
+    # range (no skipping of offsets an earlier, about-to-be-removed run committed there).
+    replaces: bool = False
 
     @property
     def uri(self) -> str | None:
@@ -87,7 +90,8 @@ class SparkEngine:
 
         o = self.output
         parts = list(o.partition_by) or None
-        return write_output(str(o.path), o.format, o.mode, dict(o.options), parts, delivery=o.delivery)
+        out = write_output(str(o.path), o.format, o.mode, dict(o.options), parts, delivery=o.delivery)
+        return replace(out, skip_committed=not o.replaces)
 
     def read(
         self,
@@ -136,7 +140,8 @@ class ArrowEngine:
     ) -> RunSummary:
         from pyspark_rmqs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
 
-        sink: Any = self.output.sink if self.output.sink is not None else ParquetSink(str(self.output.path))
+        o = self.output
+        sink: Any = o.sink if o.sink is not None else ParquetSink(str(o.path), skip_committed=not o.replaces)
         return run_consume(
             conn,
             plan,

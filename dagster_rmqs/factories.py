@@ -40,7 +40,7 @@ from dagster_rmqs.partitions import range_layers
 from dagster_rmqs.resources import session_of, stream_uri
 from dagster_rmqs.targets import META_MODE, StreamTarget
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.delivery import RunToken, local_path
+from pyspark_rmqs.delivery import local_path
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
 from pyspark_rmqs.options import ConnectionOptions
@@ -170,7 +170,7 @@ def watermark_asset(
                 end="latest",
                 max_messages=max_messages,
                 starting_offsets=starting_offsets,
-                pipeline=f"{context.asset_key.to_user_string()} (run {context.run_id})",
+                pipeline=f"{context.asset_key.to_user_string()} (run {context.run.run_id})",
             )
             try:
                 again = " (resuming the run record of a failed run)" if plan.resumed else ""
@@ -355,8 +355,6 @@ def _replace_window(engine: Engine, plan: ReadPlan, summary: RunSummary) -> None
     folder = str(engine.output.path)
     if windows.commits_runs(engine) and (engine.name == "arrow" or local_path(folder) is not None):
         files = summary.extra.get("files")
-        windows.keep_only(
-            folder, RunToken(plan.consumer, plan.ranges), files if isinstance(files, list) else ()
-        )
+        windows.keep_only(folder, plan.token, files if isinstance(files, list) else ())
     elif plan.is_empty:  # Spark overwrote the folder when it wrote; with nothing to write, it did not
         windows.remove(folder)

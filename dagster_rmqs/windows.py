@@ -151,7 +151,7 @@ def window_engine(engine: Engine, key: str) -> Engine:
     o = engine.output
     assert o.path, "only file outputs have window folders"
     mode = o.mode if commits_runs(engine) else "overwrite"
-    return engine.with_output(replace(o, path=window_path(o.path, key), mode=mode))
+    return engine.with_output(replace(o, path=window_path(o.path, key), mode=mode, replaces=True))
 
 
 def keep_only(folder: str, token: RunToken, written: Sequence[str] = ()) -> None:

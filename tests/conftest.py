@@ -115,16 +115,16 @@ FILE_GROUPS = {
 }
 
 
-def xdist_group(item: pytest.Item, names: set[str]) -> str | None:
-    """The pytest-xdist group of a test (`--dist loadgroup`): tests sharing an expensive per-process
-    resource (a SparkSession, an Airflow database, a Connect server) run on as few workers as can
-    keep them busy; every other test goes to whichever worker is free."""
-    path = item.nodeid.split("::", 1)[0]
+def xdist_group(path: str, spark_file: bool) -> str | None:
+    """The pytest-xdist group of a test file (`--dist loadgroup`): files that start a SparkSession
+    (the `spark` fixture or mark, an Airflow database, an operator's own session) run on as few
+    workers as can keep them busy, so the suite starts few JVMs; every other file's tests go to
+    whichever worker is free. Whole files, so module-scoped fixtures are built once."""
     if path in FILE_GROUPS:
         return FILE_GROUPS[path]
     if path.startswith("tests/e2e/faults/"):
         return "faults"
-    if names & {"spark", "airflow_db"}:
+    if spark_file:
         return "spark-a" if path.startswith("tests/integration/") else "spark-b"
     return None
 
@@ -134,6 +134,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark by folder and fixtures, so `-m 'not broker'` runs the pure unit tests alone; mark the
     tests that must run alone (`serial`) and the xdist group of the others."""
     grouping = config.pluginmanager.hasplugin("xdist")
+    spark_files: set[str] = set()
     for item in items:
         fixtures: Callable[[], list[str]] | list[str] = getattr(item, "fixturenames", [])
         names = set(fixtures if isinstance(fixtures, list) else [])
@@ -143,5 +144,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-        elif grouping and (group := xdist_group(item, names)) is not None:
+        if names & {"spark", "airflow_db"} or item.get_closest_marker("spark") is not None:
+            spark_files.add(item.nodeid.split("::", 1)[0])
+    if not grouping:
+        return
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("serial") is None and (group := xdist_group(path, path in spark_files)):
             item.add_marker(pytest.mark.xdist_group(name=group))
+            if getattr(config.option, "loadgroup", False):
+                _schedule_in_group(item, group)
+
+
+def _schedule_in_group(item: pytest.Item, group: str) -> None:
+    """Give the test the `<nodeid>@<group>` id `--dist loadgroup` schedules by.
+
+    pytest-xdist 3.8 sets `item._nodeid` for that, which pytest 9.2 no longer reads (ids are
+    structured, `item._id`), so its groups silently did nothing: set the id the way pytest keeps it.
+    """
+    if "@" in item.nodeid:
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: xdist's own `_nodeid` suffix works there
+        return
+    if hasattr(item, "_id"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")

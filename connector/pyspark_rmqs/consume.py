@@ -110,7 +110,7 @@ class ParquetSink:
     of the range overwrites the same name. `outputs` lists the files written.
     """
 
-    def __init__(self, output_path: str, *, compression: str = "snappy") -> None:
+    def __init__(self, output_path: str, *, compression: str = "snappy", skip_committed: bool = True) -> None:
         from pyarrow import fs
 
         if "://" not in output_path:
@@ -120,6 +120,9 @@ class ParquetSink:
         self.fs, self.base = fs.FileSystem.from_uri(output_path)
         self.uri = output_path
         self.compression = compression
+        # Leave out offsets earlier runs of the consumer committed here (False: a run replaces the
+        # folder whole, a Dagster time window).
+        self.skip_committed = skip_committed
         self.outputs: list[str] = []
         self._writer: Any = None
         self._tmp = self._final = ""
@@ -244,7 +247,8 @@ def _run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    done = commits.committed_spans(token) if commits is not None and record is None else {}
+    skip = commits is not None and record is None and getattr(target, "skip_committed", True)
+    done = commits.committed_spans(token) if skip and commits is not None else {}
     if done:  # earlier runs of this consumer committed part of the range here: only the rest is written
         log.info("the output already holds %s of consumer '%s': not written again", done, plan.consumer)
         summary.extra["already_committed"] = {st: [list(x) for x in v] for st, v in done.items()}

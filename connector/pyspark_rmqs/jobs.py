@@ -254,6 +254,7 @@ def plan_read(
             fail_on_data_loss,
             previous,
             resume=watermark_start,
+            stores=True,
         )
         if plan.record is None:  # a new run: its record is written before anything is read
             record = run_record.RunRecord(
@@ -287,11 +288,17 @@ def _plan(
     previous: RunRecord | None,
     *,
     resume: bool = False,
+    stores: bool = False,
 ) -> ReadPlan:
-    """The plan itself: resume `previous` when it is unfinished, else resolve the positions."""
+    """The plan itself: resume `previous` when it is unfinished, else resolve the positions.
+
+    A run that `stores` watermarks marks streams without an incarnation (it writes offsets into
+    them anyway); any other plan only reads the markers: a backfill writes nothing into its streams.
+    """
     w = watermarks(conn, consumer or "", **target.kw())
     seen = w.stored_offsets()
-    incarnations = incarnations_of(conn, [p.stream for p in w.partitions])
+    # A watermark run marks streams without an incarnation (it stores offsets in them anyway).
+    incarnations = incarnations_of(conn, [p.stream for p in w.partitions], mark=stores)
     usable = previous if previous is not None and _same_streams(previous, w.target, incarnations) else None
     if previous is not None and usable is None:
         log.warning(
@@ -457,6 +464,9 @@ class FileOutput:
     options: Mapping[str, str] | None = None
     partition_by: list[str] | None = None
     delivery: str = "exactly_once"
+    # Leave out offsets that earlier runs of the consumer committed here (commits recognised per
+    # partition range); False for an output each run replaces whole (a Dagster time window).
+    skip_committed: bool = True
 
     @property
     def exactly_once(self) -> bool:
@@ -598,7 +608,7 @@ def finish_run(
             record = run_record.advance(conn, record, run_record.DELIVERED)
         wanted = _watermarks_to_store(plan)
         try:
-            kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen)
+            kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen, resumed=plan.resumed)
             run_record.advance(conn, record, run_record.STORED)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.COMMITTED) from None
@@ -643,7 +653,7 @@ def _commit_files(
         summary.rows, summary.bytes, summary.records_written = record.rows, record.bytes, 0
         summary.extra["sink_skipped"] = True
         return
-    done = commits.committed_spans(token)  # earlier runs' commits overlapping this range
+    done = commits.committed_spans(token) if sink.skip_committed else {}  # earlier runs' commits here
     if done:
         log.info("the output already holds %s of consumer '%s': not written again", done, plan.consumer)
         summary.extra["already_committed"] = {s: [list(x) for x in v] for s, v in done.items()}

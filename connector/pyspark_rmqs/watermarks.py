@@ -149,16 +149,21 @@ def watermarks_after(ranges: Mapping[str, tuple[int, int]]) -> dict[str, int]:
 
 
 def store_watermarks_checked(
-    conn: Any, consumer: str, last_offsets: Mapping[str, int], seen: Mapping[str, int | None]
+    conn: Any,
+    consumer: str,
+    last_offsets: Mapping[str, int],
+    seen: Mapping[str, int | None],
+    *,
+    resumed: bool = False,
 ) -> dict[str, int]:
     """Store watermarks only where nobody else moved them since `seen` (read when the run planned).
 
     Never backwards: a value at or below `seen` is not stored; those partitions are returned
     (`{stream: watermark kept}`). Re-reads the watermarks first and fails with
     `WatermarkConflictError` (naming the consumer and both positions) when another run stored
-    since — a partition already at the wanted value is this run's own earlier, interrupted store,
-    not a conflict; reads them back after storing and fails the same way when a concurrent store
-    overwrote this one.
+    since; reads them back after storing and fails the same way when a concurrent store
+    overwrote this one. Only a `resumed` run may find its own values already stored (an earlier try
+    of the same run stored some partitions, then died).
     """
     kept = {s: v for s, o in last_offsets.items() if (v := seen.get(s)) is not None and o <= v}
 
@@ -169,7 +174,8 @@ def store_watermarks_checked(
         if not streams:
             return
         now = await client.stored_offsets(consumer, streams)
-        moved = {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), wanted[s])}
+        own = (lambda s: wanted[s]) if resumed else (lambda s: seen.get(s))
+        moved = {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), own(s))}
         if moved:
             raise WatermarkConflictError(_conflict(consumer, moved, "since this run planned"))
         await client.store_offsets(consumer, wanted)

@@ -163,7 +163,10 @@ def test_failure_before_the_sink_commit_keeps_the_watermark_and_the_retry_reread
     assert summary["resumed_plan"] is True
     # The process got the run's range token, the same on the retry (to make its own writes idempotent).
     tokens = [json.loads((tmp_path / f"token-{i}.json").read_text()) for i in (1, 2)]
-    assert tokens[0] == tokens[1] == {"token": summary["token"], "consumer": "job", "ranges": {s: [0, 40]}}
+    assert tokens[0] == tokens[1]
+    incarnations = tokens[0].pop("incarnations")  # the stream's identity is part of the token
+    assert list(incarnations) == [s] and incarnations[s] > 0
+    assert tokens[0] == {"token": summary["token"], "consumer": "job", "ranges": {s: [0, 40]}}
     assert summary["pipeline"] == "rmqs_test_retry/read" and summary["retry_count"] == 1
     assert summary["records_read"] == summary["records_written"] == 40
     # The password is in no log line, XCom value or rendered field.

@@ -41,7 +41,7 @@ def parquet_offsets(path: Path) -> list[tuple[str, int]]:
 def crash_after_the_first_partition_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run stores its first partition's watermark, then its process dies."""
 
-    def store_one_then_die(conn: Any, consumer: str, wanted: dict[str, int], seen: Any) -> None:
+    def store_one_then_die(conn: Any, consumer: str, wanted: dict[str, int], seen: Any, **kw: Any) -> None:
         first = sorted(wanted)[0]
         store_watermarks(conn, consumer, {first: wanted[first]})
         raise Crash(f"process killed after storing {first}")

@@ -138,6 +138,20 @@ def test_store_offsets_on_partitions_concurrently(conn, client, streams) -> None
     assert client.stored_offsets("grp", parts) == moved
 
 
+def test_forward_stores_never_move_a_stored_offset_back(conn, client, streams) -> None:  # type: ignore[no-untyped-def]
+    """`store_offsets_forward` (the streaming source's commit, `store_watermarks`): a lower value is
+    kept out and reported, a higher or first one is stored."""
+    _, parts = streams.super_stream(2)
+    for p in parts:
+        publish(conn, p, bodies(p, 0, 100))
+    client.store_offsets("fwd", {parts[0]: 80})
+    kept = client.store_offsets_forward("fwd", {parts[0]: 40, parts[1]: 30})
+    assert kept == {parts[0]: 80}
+    assert client.stored_offsets("fwd", parts) == {parts[0]: 80, parts[1]: 30}
+    assert client.store_offsets_forward("fwd", {parts[0]: 90, parts[1]: 30}) == {}
+    assert client.stored_offsets("fwd", parts) == {parts[0]: 90, parts[1]: 30}
+
+
 # ------------------------------------------------------------------------------- reader ranges
 
 N_READ = 5_000

@@ -39,7 +39,9 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(record, "latest", lambda conn, c, target: state["records"].get(c))
     monkeypatch.setattr(record, "write", write)
     monkeypatch.setattr(jobs, "acquire_lease", lease)
-    monkeypatch.setattr(jobs, "incarnations_of", lambda conn, ss: dict.fromkeys(ss, state["incarnation"]))
+    monkeypatch.setattr(
+        jobs, "incarnations_of", lambda conn, ss, mark=True: dict.fromkeys(ss, state["incarnation"])
+    )
     return state
 
 

@@ -486,6 +486,7 @@ class _FakeClient:
         self.stored: list[tuple[str, dict[str, int]]] = []
 
     def store_offsets_forward(self, consumer: str, offsets: dict[str, int]) -> dict[str, int]:
+        # The runner's only store: a raw `store_offsets` (which can move a watermark back) fails here.
         self.stored.append((consumer, dict(offsets)))
         return {}
 

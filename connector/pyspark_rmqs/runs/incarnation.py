@@ -31,36 +31,39 @@ def same(recorded: int, now: int) -> bool:
     return recorded == now or UNMARKED in (recorded, now)
 
 
-async def _one(client: AsyncBrokerClient, stream: str) -> int:
+async def _one(client: AsyncBrokerClient, stream: str, mark: bool) -> int:
     found = await client.stored_offset(REFERENCE, stream)
     if found is not None:
         return found
-    if (await client.stats(stream)).is_empty:
-        # Nothing to tell apart yet, and a stream holding only offset-tracking entries has no
-        # chunk a subscriber is ever sent, which makes its tail unprovable: mark it once it has data.
+    if not mark:
         return UNMARKED
-    mark = secrets.randbelow(2**62) + 1
-    await client.store_offset_unconfirmed(REFERENCE, stream, mark)
+    if (await client.stats(stream)).is_empty:
+        # Nothing to tell apart yet: mark it once it has data (an empty stream's run stores nothing).
+        return UNMARKED
+    new = secrets.randbelow(2**62) + 1
+    await client.store_offset_unconfirmed(REFERENCE, stream, new)
     for _ in range(100):  # StoreOffset has no reply: read until a value (ours or a racer's) shows
         found = await client.stored_offset(REFERENCE, stream)
         if found is not None:
             return found
         await asyncio.sleep(0.02)
-    return mark
+    return new
 
 
-async def aincarnations(conn: object, streams: Iterable[str]) -> dict[str, int]:
-    """The incarnation of each partition stream, marking streams that have none yet."""
+async def aincarnations(conn: object, streams: Iterable[str], *, mark: bool = True) -> dict[str, int]:
+    """The incarnation of each partition stream, marking streams that have none yet (`mark`: runs
+    that store offsets anyway; a backfill or a peek only reads the markers, it writes nothing into
+    the streams it reads)."""
     client = AsyncBrokerClient(conn)
     names = list(streams)
     sem = asyncio.Semaphore(16)
 
     async def bounded(s: str) -> int:
         async with sem:
-            return await _one(client, s)
+            return await _one(client, s, mark)
 
     return dict(zip(names, await asyncio.gather(*(bounded(s) for s in names)), strict=True))
 
 
-def incarnations(conn: object, streams: Iterable[str]) -> dict[str, int]:
-    return run_sync(aincarnations(conn, streams), WATERMARKS_TIMEOUT_S, "incarnations")
+def incarnations(conn: object, streams: Iterable[str], *, mark: bool = True) -> dict[str, int]:
+    return run_sync(aincarnations(conn, streams, mark=mark), WATERMARKS_TIMEOUT_S, "incarnations")
