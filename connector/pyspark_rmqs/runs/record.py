@@ -166,21 +166,9 @@ def ensure_stream(conn: Any) -> None:
 
 def latest(conn: Any, consumer: str, target: str) -> RunRecord | None:
     """The newest record of `consumer` on `target` (a stream or super stream name), or None when it
-    has none (never ran, or retention took it)."""
-    ensure_stream(conn)
-    client = BrokerClient(conn)
-    pointer = client.stored_offset(run_key(consumer, target), RUNS_STREAM)
-    if pointer is None:
-        return None
-    found = client.find_message(RUNS_STREAM, pointer, _is_record_of(consumer, target))
-    if found is None:
-        log.info(
-            "the run record of '%s' is no longer in %s (retention): planning from its watermark",
-            consumer,
-            RUNS_STREAM,
-        )
-        return None
-    return RunRecord.from_json(found[1])
+    has none (never ran, or retention took it: the run then plans from its watermark)."""
+    body = latest_body(conn, run_key(consumer, target), _is_record_of(consumer, target))
+    return None if body is None else RunRecord.from_json(body)
 
 
 def write(conn: Any, record: RunRecord) -> RunRecord:
@@ -189,15 +177,7 @@ def write(conn: Any, record: RunRecord) -> RunRecord:
     Call only while holding the consumer's lease (`lease.py`): the pointer rule relies on no other
     process writing records of this consumer.
     """
-    from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-
-    ensure_stream(conn)
-    client = BrokerClient(conn)
-    pointer = client.tail(RUNS_STREAM)
-    with StreamProducer(conn, RUNS_STREAM, superstream=False, settings=WriteSettings()) as producer:
-        producer.send([encode_body(record.to_json())])
-        producer.flush()
-    client.store_offsets(record.key, {RUNS_STREAM: pointer})
+    write_body(conn, record.key, record.to_json())
     return record
 
 
@@ -225,7 +205,10 @@ def latest_body(conn: Any, key: str, match: Any) -> bytes | None:
     if pointer is None:
         return None
     found = client.find_message(RUNS_STREAM, pointer, match)
-    return None if found is None else found[1]
+    if found is None:
+        log.info("the newest record of '%s' is no longer in %s (retention)", key, RUNS_STREAM)
+        return None
+    return found[1]
 
 
 def write_body(conn: Any, key: str, body: bytes) -> None:
