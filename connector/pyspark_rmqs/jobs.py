@@ -232,13 +232,17 @@ def plan_read(
         return _plan(
             conn, target, consumer, start, end, max_messages, starting_offsets, fail_on_data_loss, None
         )
-    before = run_record.latest(conn, consumer, target.name)
+
+    def holder() -> str:  # asked only when another run holds the name
+        busy = run_record.latest(conn, consumer, target.name)
+        return busy.holder() if busy is not None and not busy.done else ""
+
     lease = acquire_lease(
         conn,
         run_record.RUNS_STREAM,
         run_record.run_key(consumer, target.name),
         wait_s=DEFAULT_LEASE_WAIT_S if lease_wait_s is None else lease_wait_s,
-        holder=before.holder() if before is not None and not before.done else "",
+        holder=holder,
         what=f"consumer '{consumer}' on {target.describe()}",
     )
     try:

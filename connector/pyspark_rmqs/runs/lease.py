@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rstream import schema
@@ -152,18 +153,20 @@ def acquire(
     name: str,
     *,
     wait_s: float = DEFAULT_WAIT_S,
-    holder: str = "",
+    holder: str | Callable[[], str] = "",
     what: str = "",
 ) -> Lease:
     """Hold `name`'s lease, waiting up to `wait_s` for a holder to finish; else `ConsumerBusyError`.
 
     `what` says what the name stands for in messages (e.g. "consumer 'etl' on 'orders'"); `holder`
-    describes who holds it now (read from the run record by the caller).
+    describes who holds it now (read from the run record by the caller), or is a function asked
+    for that only when the name is busy (the usual run pays no record read for it).
     """
     check_name(name, "lease name")
     got = run_sync(_acquire(conn, stream, name, wait_s), wait_s + 60.0, f"lease on '{name}'")
     if got is None:
-        who = f" ({holder})" if holder else ""
+        text = holder() if callable(holder) else holder
+        who = f" ({text})" if text else ""
         raise ConsumerBusyError(
             f"{what or repr(name)} is held by another run{who}; waited {wait_s:.0f} s. This run read "
             "and stored nothing. Run one pipeline per consumer name at a time (or give each its own "
