@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup java test test-unit soak lint broker-up broker-down broker-status demo bench docs lock clean
+.PHONY: setup prepare java test test-unit soak lint broker-up broker-down broker-status demo bench docs lock clean
 
 setup: java $(STAMP)
 
@@ -25,6 +25,16 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 java:
 	@bash scripts/ensure_java.sh
 
+# Everything `make test` and `make demo` need: Java, the venv and the broker's chroot install at the
+# same time (each waits on the network or dpkg most of the time; apt-get calls take turns on a lock).
+# The class-data archive of Spark's classes halves the CPU of each JVM the suite starts (tests/support/jvm.py).
+prepare:
+	@$(MAKE) --no-print-directory -j3 setup broker-up $(JVM_ARCHIVE)
+
+JVM_ARCHIVE := $(VENV)/rmqs-spark-classes.jsa
+$(JVM_ARCHIVE): $(STAMP) | java
+	@$(PY) -m tests.support.jvm >/dev/null
+
 broker-up:
 	@bash scripts/broker.sh up
 
@@ -37,8 +47,8 @@ broker-status:
 # Two phases (scripts/test.sh): the tests that leave the broker alone (on TEST_WORKERS pytest-xdist
 # workers when above 1), then the broker-fault tests alone; it ends with the slowest 15 tests and
 # the time per tier.
-TEST_WORKERS ?= 1
-test: setup broker-up
+TEST_WORKERS ?= 2
+test: prepare
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
 test-unit: setup
@@ -46,7 +56,7 @@ test-unit: setup
 
 # The soak for longer than `make test` runs it (60 s): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
 SOAK_SECONDS ?= 600
-soak: setup broker-up
+soak: prepare
 	RMQS_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -p no:cacheprovider --timeout $$(( $(SOAK_SECONDS) + 900 )) tests/e2e/soak $(PYTEST_ARGS)
 
 lint: setup
@@ -55,13 +65,13 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-demo: setup broker-up
+demo: prepare
 	$(PY) -m pyspark_rmqs.demo
 
 docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
-bench: setup broker-up
+bench: prepare
 	$(PY) -m bench.reader
 	$(PY) -m bench.writer
 	$(PY) -m bench.consume

@@ -57,10 +57,13 @@ TLS_FILES=(ca.pem server.pem server.key client.pem client.key)
 
 as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
+# `make test` installs Java and the broker at the same time: one apt-get at a time (the lock file is
+# scripts/ensure_java.sh's too), and wait for a dpkg lock someone else holds rather than fail.
+APT_WAIT=(flock /run/rmqs-apt.lock apt-get -o DPkg::Lock::Timeout=600)
 apt_install() {
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends "$@" >/dev/null \
-      || { as_root apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
-           as_root apt-get install -y --no-install-recommends "$@" >/dev/null; }
+    DEBIAN_FRONTEND=noninteractive as_root "${APT_WAIT[@]}" install -y --no-install-recommends "$@" >/dev/null \
+      || { as_root "${APT_WAIT[@]}" update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
+           as_root "${APT_WAIT[@]}" install -y --no-install-recommends "$@" >/dev/null; }
 }
 
 broker_env() { # one VAR=value per line (values may hold spaces)

@@ -1,33 +1,47 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite in two phases, then where its time went.
 #
-# 1. Every test that leaves the shared broker alone: in this process (TEST_WORKERS=1, the default),
-#    or on TEST_WORKERS pytest-xdist workers (--dist loadgroup: tests/conftest.py groups the ones
-#    sharing a SparkSession, an Airflow database or a Connect server). On a 2-core machine the
-#    suite is CPU-bound (JVM start-ups, Airflow dag.test runs): with 4 workers the whole suite
-#    took 1,474 s, where the last run in one process took 1,183 s, so one process stays the
-#    default until the suite costs less CPU (docs/operations.md, "Tests").
-# 2. The tests marked `serial` (they stop, restart or pause the broker), alone.
-# Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), and a
-# closing `N passed, N failed, N skipped` line over both phases. Arguments go to both pytest runs.
+# 1. Every test that leaves the shared broker alone, except the unit tier: on TEST_WORKERS
+#    pytest-xdist workers (default 2, one per core; --dist loadgroup: tests/conftest.py keeps whole
+#    the files with module-scoped servers, and starts the long tests first), or in this process
+#    when TEST_WORKERS=1.
+# 2. The tests marked `serial` (they stop, restart or pause the broker, or count its connections),
+#    alone against the broker, while the unit tier (no broker, no Spark) uses the other core.
+# Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), the
+# machine's CPU over the run, and a closing `N passed, N failed, N skipped` line over every run.
+# Arguments go to every pytest run (a path selects within each phase).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-WORKERS=${TEST_WORKERS:-1}
-out=$(mktemp -d /tmp/rmqs-test-XXXXXX)
-trap 'rm -rf "$out"' EXIT
+WORKERS=${TEST_WORKERS:-2}
+# The junit files stay in .test-results/ (`python -m tests.support.timing .test-results/*.xml` prints
+# the report again).
+out=${RMQS_TEST_RESULTS:-.test-results}
+mkdir -p "$out"
+rm -f "$out"/*.xml "$out"/unit.log
+busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }
+cpu0=$(busy)
 start=$SECONDS
 xdist=()
 if [[ $WORKERS -gt 1 ]]; then xdist=(-n "$WORKERS" --dist loadgroup); fi
-"$PY" -m pytest "${xdist[@]}" -m "not serial" --junitxml "$out/parallel.xml" "$@"
+"$PY" -m pytest "${xdist[@]}" -m "not serial and not unit" --junitxml "$out/parallel.xml" "$@"
 parallel=$?
+first=$((SECONDS - start))
+"$PY" -m pytest -m unit --junitxml "$out/unit.xml" "$@" >"$out/unit.log" 2>&1 &
+unit_pid=$!
 "$PY" -m pytest -m serial --junitxml "$out/serial.xml" "$@"
 serial=$?
-"$PY" -m tests.support.timing "$out/parallel.xml" "$out/serial.xml"
-echo "make test: pytest took $((SECONDS - start)) s (parallel phase exit $parallel, serial phase exit $serial)"
-# Exit 5 is "no test collected": fine for one phase (a path given with no serial test in it).
-for rc in $parallel $serial; do
+wait "$unit_pid"
+unit=$?
+echo "--- the unit tier (ran beside the serial phase; whole output in $out/unit.log):"
+grep -E "^(FAILED|ERROR)|passed|failed|no tests ran" "$out/unit.log" | tail -20
+"$PY" -m tests.support.timing "$out"/parallel.xml "$out"/serial.xml "$out"/unit.xml
+cpu1=$(busy)
+echo "make test: the machine's CPU over the run: $(( (cpu1 - cpu0) / $(getconf CLK_TCK) )) s on $(nproc) cores (every process: tests, JVMs, broker)"
+echo "make test: pytest took $((SECONDS - start)) s: phase 1 $first s (exit $parallel), serial phase and unit tier $((SECONDS - start - first)) s (exit $serial, $unit)"
+# Exit 5 is "no test collected": fine for one run (a path given with no serial test in it).
+for rc in $parallel $serial $unit; do
   if [[ $rc -ne 0 && $rc -ne 5 ]]; then exit "$rc"; fi
 done
-if [[ $parallel -eq 5 && $serial -eq 5 ]]; then exit 5; fi
+if [[ $parallel -eq 5 && $serial -eq 5 && $unit -eq 5 ]]; then exit 5; fi
 exit 0

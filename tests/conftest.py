@@ -11,8 +11,16 @@ from urllib.parse import quote
 import pytest
 
 from tests.support import broker as tb
+from tests.support import jvm
 
 pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every JVM the tests start (xdist workers inherit this process's environment) starts with the
+    client compiler and Spark's class-data archive: half the CPU of a default start (tests/support/jvm.py)."""
+    if not hasattr(config, "workerinput") and not config.option.collectonly:
+        jvm.configure()
 
 
 @pytest.fixture(scope="session")
@@ -106,35 +114,34 @@ SERIAL = (
     "tests/airflow/test_triggers.py::test_new_data_trigger_rides_out_a_broker_restart",
     "tests/e2e/faults/test_read_guarantees.py::test_a_paused_broker_",
 )
-# Whole files one worker runs: a module-scoped server or a fixed broker user.
+# Whole files one worker runs: they build a module-scoped server, cluster or broker user once. The two
+# Spark Connect files share one group: a Connect server is a JVM, better started on one worker.
 FILE_GROUPS = {
-    "tests/integration/test_secrets.py": "spark-a",
+    "tests/integration/test_secrets.py": "secrets",
+    "tests/integration/test_tls.py": "tls",
+    "tests/integration/test_cli_commands.py": "cli-commands",
+    "tests/integration/test_connect_errors.py": "connect",
     "tests/airflow/test_spark_connect_operators.py": "connect",
     "tests/e2e/test_spark_connect.py": "connect",
     "tests/airflow/test_slim_install.py": "slim",
 }
 
 
-def xdist_group(path: str, spark_file: bool) -> str | None:
-    """The pytest-xdist group of a test file (`--dist loadgroup`): files that start a SparkSession
-    (the `spark` fixture or mark, an Airflow database, an operator's own session) run on as few
-    workers as can keep them busy, so the suite starts few JVMs; every other file's tests go to
-    whichever worker is free. Whole files, so module-scoped fixtures are built once."""
-    if path in FILE_GROUPS:
-        return FILE_GROUPS[path]
-    if path.startswith("tests/e2e/faults/"):
-        return "faults"
-    if spark_file:
-        return "spark-a" if path.startswith("tests/integration/") else "spark-b"
-    return None
+def xdist_group(path: str) -> str | None:
+    """The pytest-xdist group of a test file (`--dist loadgroup`), None for a test any worker may
+    run. Only files with module-scoped fixtures are kept whole: every worker has its own SparkSession
+    and Airflow database anyway (one JVM each, ~8 s of CPU with the suite's JVM options), and
+    scheduling test by test keeps both workers busy to the end, where whole files (the fault tests
+    as one group: 825 s of a 1,119 s phase) left one worker idle while the other finished."""
+    return FILE_GROUPS.get(path)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns xdist_group marks into its scheduling ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark by folder and fixtures, so `-m 'not broker'` runs the pure unit tests alone; mark the
     tests that must run alone (`serial`) and the xdist group of the others."""
-    grouping = config.pluginmanager.hasplugin("xdist")
-    spark_files: set[str] = set()
+    # Under pytest-xdist the workers collect, and their collection is what the controller schedules.
+    on_worker = hasattr(config, "workerinput")
     for item in items:
         fixtures: Callable[[], list[str]] | list[str] = getattr(item, "fixturenames", [])
         names = set(fixtures if isinstance(fixtures, list) else [])
@@ -144,16 +151,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-        if names & {"spark", "airflow_db"} or item.get_closest_marker("spark") is not None:
-            spark_files.add(item.nodeid.split("::", 1)[0])
-    if not grouping:
+        if item.nodeid.startswith("tests/unit/"):
+            item.add_marker(pytest.mark.unit)
+    if not on_worker:
         return
+    items.sort(key=_start_order)
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if item.get_closest_marker("serial") is None and (group := xdist_group(path, path in spark_files)):
+        if item.get_closest_marker("serial") is None and (group := xdist_group(path)):
             item.add_marker(pytest.mark.xdist_group(name=group))
             if getattr(config.option, "loadgroup", False):
                 _schedule_in_group(item, group)
+
+
+# On xdist workers the long tests start first and the short ones fill in at the end, so that no worker
+# is still on a 3-minute fault test when the other has nothing left (workers take tests in this order).
+_ORDER = (
+    "tests/e2e/",
+    "tests/dagster/test_time_windows.py",
+    "tests/airflow/",
+    "tests/dagster/",
+    "tests/integration/",
+)
+
+
+def _start_order(item: pytest.Item) -> int:
+    return next((i for i, prefix in enumerate(_ORDER) if item.nodeid.startswith(prefix)), len(_ORDER))
 
 
 def _schedule_in_group(item: pytest.Item, group: str) -> None:

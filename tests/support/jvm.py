@@ -1,0 +1,101 @@
+"""How the suite's JVMs start: the client compiler only, and a class-data archive of Spark's classes.
+
+The suite starts some thirty JVMs (the shared SparkSessions, Spark Connect servers, a standalone
+cluster, and every fault test's Spark application, which is killed and started again), each for
+seconds to minutes of small work. A default JVM spends most of its CPU on start-up: loading and
+verifying ~15,000 classes and compiling them twice (C1, then C2). On this 2-core machine a local
+SparkSession that runs two small jobs took 23.6 s of JVM CPU; with `-XX:TieredStopAtLevel=1`
+(C1 only: no C2 compile threads) 11.8 s, and with the archive below as well 7.9-8.9 s.
+
+The archive (`-XX:SharedArchiveFile`, JDK 13+) is dumped once per virtualenv from a run of a small
+Spark job (`python -m tests.support.jvm`, which `make test` runs beside the broker's install; ~20-50 s)
+and used when it is there and current: a session never waits for a dump (the unit tier starts no
+JVM). A JVM whose class path or JDK differs from the dump's ignores it and starts as usual: the
+archive changes speed, never behaviour. The options reach every JVM the tests start
+through `JDK_JAVA_OPTIONS`, which the `java` launcher reads (it notes so on stderr); a value the
+user set is kept as it is. The production code sets none of this: it is the suite's start-up only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARCHIVE = Path(sys.prefix) / "rmqs-spark-classes.jsa"
+# C1 only; the archive when it loads; no note on stdout when it cannot (another class path or JDK).
+BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -Xlog:cds=off,cds+dynamic=off"
+
+_DUMP_JOB = """
+from pyspark.sql import SparkSession
+import tempfile
+spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+df = spark.createDataFrame([(i, str(i)) for i in range(1000)], "id int, v string")
+df.groupBy("v").count().collect()
+with tempfile.TemporaryDirectory() as d:
+    df.write.parquet(d + "/p")
+    spark.read.parquet(d + "/p").mapInArrow(lambda it: it, df.schema).count()
+spark.stop()
+"""
+
+
+def current_archive() -> Path | None:
+    """The archive when it exists and is not older than this virtualenv's Spark jars."""
+    try:
+        return ARCHIVE if ARCHIVE.stat().st_mtime >= _jars_mtime() else None
+    except OSError:
+        return None
+
+
+def _jars_mtime() -> float:
+    import pyspark
+
+    return (Path(pyspark.__file__).parent / "jars").stat().st_mtime
+
+
+def ensure_archive(timeout_s: float = 300) -> Path | None:
+    """The archive for this virtualenv's Spark, dumped when missing or older than Spark's jars;
+    None when it cannot be made (a JDK without a base archive): the suite then runs without it."""
+    if current_archive():
+        return ARCHIVE
+    with open(f"{ARCHIVE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two dumps starting at once: the second finds the first's
+        if current_archive():
+            return ARCHIVE
+        partial = ARCHIVE.with_suffix(".partial")
+        env = {
+            **os.environ,
+            "JDK_JAVA_OPTIONS": f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}",
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        }
+        t0 = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", _DUMP_JOB], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+        if done.returncode != 0 or not partial.exists():
+            print(f"jvm: no class-data archive ({done.stderr[-300:].strip()})", file=sys.stderr)
+            return None
+        partial.rename(ARCHIVE)
+        print(f"jvm: dumped {ARCHIVE} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        return ARCHIVE
+
+
+def java_options(archive: Path | None) -> str:
+    """The JDK_JAVA_OPTIONS of the suite's JVMs."""
+    return BASE_OPTIONS + (f" -XX:SharedArchiveFile={archive}" if archive else "")
+
+
+def configure() -> None:
+    """Set JDK_JAVA_OPTIONS for every JVM this process and its children start (unless set)."""
+    if "JDK_JAVA_OPTIONS" in os.environ or os.environ.get("RMQS_TEST_JVM_DEFAULTS") == "1":
+        return
+    os.environ["JDK_JAVA_OPTIONS"] = java_options(current_archive())
+
+
+if __name__ == "__main__":
+    print(ensure_archive())
