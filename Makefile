@@ -73,7 +73,7 @@ bench: setup broker-up
 
 # Re-resolve the locked versions after changing dependencies in pyproject.toml.
 lock:
-	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra dev \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra dev \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:
