@@ -262,3 +262,26 @@ def test_dagster_imports_from_the_wheel(venvs: Venvs, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     version, assets = done.stdout.split()
     assert version and int(assets) >= 1
+
+
+def test_make_dist_builds_a_complete_wheel_and_sdist(tmp_path: Path) -> None:
+    """What `make dist` checks: scripts/check_dist.py on both files, and `twine check` when installed."""
+    if not UV.exists():
+        pytest.skip(f"uv not found at {UV} (make setup installs it)")
+    out = tmp_path / "dist"
+    for offline in (["--offline"], []):
+        done = run(
+            [str(UV), "build", "-q", *offline, "--out-dir", str(out), str(REPO)], tmp_path, dict(os.environ)
+        )
+        if done.returncode == 0:
+            break
+    assert done.returncode == 0, done.stderr
+    checked = run(
+        [sys.executable, str(REPO / "scripts" / "check_dist.py"), str(out)], tmp_path, dict(os.environ)
+    )
+    assert checked.returncode == 0, checked.stderr
+    twine = Path(sys.executable).parent / "twine"
+    if twine.exists():  # the dev extra has it (make setup)
+        files = [str(f) for f in sorted(out.glob("rmqs-*"))]
+        rendered = run([str(twine), "check", "--strict", *files], tmp_path, dict(os.environ))
+        assert rendered.returncode == 0, rendered.stdout + rendered.stderr
