@@ -28,6 +28,7 @@ from dagster_rmqs.partitions import (
 )
 from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource, produce_run_identity
 from dagster_rmqs.sensors import build_new_data_sensor, build_observation_sensor, evaluate_new_data
+from pyspark_rmqs import __version__  # the one version source
 
 __all__ = [
     "OffsetRange",
@@ -35,6 +36,7 @@ __all__ = [
     "RabbitMQStreamsResource",
     "SparkSessionResource",
     "StreamTarget",
+    "__version__",
     "build_lag_check",
     "build_new_data_sensor",
     "build_observation_sensor",

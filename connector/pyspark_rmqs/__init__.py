@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it (hatch), so do the other packages
 
 if TYPE_CHECKING:
     from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
 
     DefaultSource = RabbitMQStreamsDataSource
 
-__all__ = ["DefaultSource", "RabbitMQStreamsDataSource", "lag_from_progress"]
+__all__ = ["DefaultSource", "RabbitMQStreamsDataSource", "__version__", "lag_from_progress"]
 
 
 def __getattr__(name: str) -> Any:

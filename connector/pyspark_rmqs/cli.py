@@ -11,38 +11,35 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pyspark_rmqs import cli_peek, cli_streams, cli_watermark
-from pyspark_rmqs.cli_common import NO_CHECKOUT, checkout_root, fail
+from pyspark_rmqs import __version__, cli_peek, cli_streams, cli_watermark
+from pyspark_rmqs.cli_common import CHECKOUT_ONLY, checkout_root, fail, no_checkout
 from pyspark_rmqs.cli_sample import sample_orders, send_records
 
 __all__ = ["app", "main", "sample_orders", "send_records"]
 
 _HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in (__doc__ or "").split("\n\n"))
 app = typer.Typer(add_completion=True, no_args_is_help=True, help=_HELP)
-broker_app = typer.Typer(no_args_is_help=True, help="Install, start and stop the local RabbitMQ 4.0 broker.")
+# `broker` and `demo` run the checkout's scripts and examples: listed in `rmqs --help` only where a
+# checkout is found (an installed wheel hides them), and their help says so wherever they are listed.
+_IN_CHECKOUT = checkout_root() is not None
+broker_app = typer.Typer(
+    no_args_is_help=True, help=f"Install, start and stop the local RabbitMQ 4.0 broker. {CHECKOUT_ONLY}"
+)
 watermark_app = typer.Typer(no_args_is_help=True, help="Show or move a consumer's watermark (stored offset).")
 stream_app = typer.Typer(no_args_is_help=True, help="Manage streams and super streams.")
-app.add_typer(broker_app, name="broker")
+app.add_typer(broker_app, name="broker", hidden=not _IN_CHECKOUT)
 app.add_typer(watermark_app, name="watermark")
 app.add_typer(stream_app, name="stream")
 
 
-def _version() -> str:
-    try:
-        return version("rmqs")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-        return "unknown"
-
-
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"rmqs {_version()}")
+        typer.echo(f"rmqs {__version__}")
         raise typer.Exit(0)
 
 
@@ -76,7 +73,7 @@ app.command("publish")(cli_streams.publish_command)
 def _broker_script() -> Path:
     root = checkout_root()
     if root is None:
-        fail(f"rmqs broker: {NO_CHECKOUT}")
+        fail(no_checkout("broker"))
     return root / "scripts" / "broker.sh"
 
 
@@ -105,7 +102,7 @@ def broker_status() -> None:
     raise typer.Exit(proc.returncode)
 
 
-@app.command()
+@app.command(hidden=not _IN_CHECKOUT)
 def demo(
     uri: Annotated[
         str | None,
@@ -114,10 +111,13 @@ def demo(
         ),
     ] = None,
 ) -> None:
-    """Run the end-to-end demo from a checkout (what `make demo` runs once the environment is set up)."""
+    """Run the end-to-end demo (what `make demo` runs once the environment is set up).
+
+    From a checkout of the rmqs repository only (not in the wheel).
+    """
     root = checkout_root()
     if root is None or not (root / "dags").is_dir():
-        fail(f"rmqs demo: {NO_CHECKOUT}")
+        fail(no_checkout("demo"))
     env = dict(os.environ)
     if uri:
         env["RMQS_URI"] = uri

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
-import click
 import typer
 from rich.console import Console
 
@@ -26,7 +25,7 @@ from pyspark_rmqs.redact import redact_text, redacted_errors, secrets_in
 from pyspark_rmqs.target import Target
 
 EXIT_OK = 0
-EXIT_ERROR = 1  # a broker, stream, argument or confirmation error (click's usage errors are 2)
+EXIT_ERROR = 1  # a broker, stream, argument or confirmation error (usage errors are 2)
 EXIT_LAG = 3  # `rmqs lag --max-lag N`: the total lag is above N
 
 console = Console(soft_wrap=True)
@@ -37,7 +36,10 @@ err = Console(stderr=True, soft_wrap=True)
 StreamOpt = Annotated[str | None, typer.Option("--stream", help="A stream.")]
 SuperOpt = Annotated[str | None, typer.Option("--superstream", help="A super stream (all its partitions).")]
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON on stdout (shapes in docs/cli.md) instead of a table.")
+    bool,
+    typer.Option(
+        "--json", help="Print JSON on stdout instead of a table (a stable shape, see the CLI docs)."
+    ),
 ]
 ConsumerOpt = Annotated[
     str, typer.Option("--consumer", help="The consumer name whose stored offset is the watermark.")
@@ -222,13 +224,11 @@ class guarded:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        if exc is None or isinstance(
-            exc, typer.Exit | click.exceptions.Exit | click.ClickException | click.Abort
-        ):
+        if exc is None or isinstance(exc, typer.Exit | KeyboardInterrupt | SystemExit):
             return False
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            return False
-        if type(exc).__module__.split(".")[0] in ("click", "typer"):  # typer's own click: exits, aborts
+        # Exits, aborts and usage errors of click (older typer releases use it) or of the click copy
+        # current typer vendors (typer._click): matched by module, as rmqs does not depend on click.
+        if type(exc).__module__.split(".")[0] in ("click", "typer"):
             return False
         from pyspark_rmqs.errors import RmqsError
 
@@ -288,9 +288,15 @@ def checkout_root() -> Path | None:
     return None
 
 
-NO_CHECKOUT = (
-    "this command needs a checkout of the rmqs repository (it runs scripts/broker.sh and the example "
-    "DAG and assets from there), and none was found beside the installed package or in the current "
-    "directory or its parents. Clone the repository and run it from there (make demo / make broker-up); "
-    "with rmqs installed from a wheel, point the other commands at your own broker with --uri or RMQS_URI"
-)
+CHECKOUT_ONLY = "From a checkout of the rmqs repository only (not in the wheel)."
+"""Said in the help of `rmqs broker` and `rmqs demo`, which run the checkout's scripts and examples."""
+
+
+def no_checkout(command: str) -> str:
+    """Why `rmqs COMMAND` cannot run here (a wheel install, no checkout), and what to do instead."""
+    return (
+        f"`rmqs {command}` needs a checkout of the rmqs repository (it runs scripts/broker.sh and the "
+        "example DAG and assets from there), and none was found beside the installed package or in the "
+        "current directory or its parents. Run it from a checkout (make demo / make broker-up); with rmqs "
+        "installed from a wheel, point the other commands at your own broker with --uri or RMQS_URI"
+    )

@@ -69,11 +69,11 @@ def _shown(path: Path) -> str:
 
 
 def run_demo(root: Path | None = None) -> int:
-    from pyspark_rmqs.cli_common import NO_CHECKOUT, checkout_root
+    from pyspark_rmqs.cli_common import checkout_root, no_checkout
 
     root = root or checkout_root()
     if root is None or not (root / "dags").is_dir():
-        console.print(f"[bold red]rmqs demo:[/] {NO_CHECKOUT}", soft_wrap=True)
+        console.print(f"[bold red]rmqs:[/] {no_checkout('demo')}", soft_wrap=True)
         return 1
     started = time.monotonic()
     from pyspark_rmqs.broker.client import BrokerClient

@@ -410,13 +410,37 @@ def _same_streams(record: RunRecord, target: str, incarnations: Mapping[str, int
 # --------------------------------------------------------------------------------------- Spark
 
 
+WORKER_PYTHON_CONF = ("spark.pyspark.python", "spark.pyspark.driver.python")
+
+
+def worker_python_env(conf: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What a local session started by rmqs adds to the environment: its workers' Python.
+
+    Spark starts its Python workers (the data source lookup at startup, readers, writers) with
+    `PYSPARK_PYTHON` / `PYSPARK_DRIVER_PYTHON`, else the `python3` on PATH: for a script run as
+    `venv/bin/python x.py` without activating the venv, that is an interpreter without rmqs, and
+    `format("rabbitmq_streams")` fails with DATA_SOURCE_NOT_FOUND (docs/troubleshooting.md). So
+    both become this interpreter, unless the user chose one (either variable, or
+    `spark.pyspark.python` / `spark.pyspark.driver.python` in `conf`): then nothing changes.
+    """
+    if any(environ.get(v) for v in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")):
+        return {}
+    if any(conf.get(k) for k in WORKER_PYTHON_CONF):
+        return {}
+    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
 def spark_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     remote: str | None = None,
     app: str = "rmqs",
 ) -> SparkSession:
-    """A local SparkSession (PYSPARK_PYTHON = this interpreter), or Spark Connect with `remote`."""
+    """A local SparkSession (its Python workers run this interpreter), or Spark Connect with `remote`.
+
+    Used by the Airflow operators and Dagster's `SparkSessionResource`; the workers' Python is set
+    only when the user set none (`worker_python_env`). A Spark Connect server has its own Python.
+    """
     import os
 
     from pyspark.sql import SparkSession
@@ -424,11 +448,12 @@ def spark_session(
     if remote:
         builder = SparkSession.builder.remote(remote).appName(app)
     else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        master = master or "local[2]"
+        os.environ.update(worker_python_env(conf or {}, os.environ))
+        if master.startswith("local"):  # a cluster's executors must reach the driver: not loopback
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (
-            SparkSession.builder.master(master or "local[2]")
+            SparkSession.builder.master(master)
             .appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "4")

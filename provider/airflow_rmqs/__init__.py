@@ -8,4 +8,6 @@ Drain,Publish}Operator`, `airflow_rmqs.sensors.RabbitMQStream{NewData,Lag}Sensor
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from pyspark_rmqs import __version__  # the one version source
+
+__all__ = ["__version__"]

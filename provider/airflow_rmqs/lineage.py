@@ -37,10 +37,8 @@ class RabbitMQStreamRunFacet(RunFacet):
     rows: int | None = None
     rowsPerStream: dict[str, int] = attr.field(factory=dict)
     watermarkStored: bool | None = None
-
-    @staticmethod
-    def _get_schema() -> str:
-        return "https://github.com/rmqs/rmqs/blob/main/docs/airflow.md#lineage"
+    # No schema of its own: `_schemaURL` stays OpenLineage's RunFacet schema (rmqs publishes no
+    # JSON schema, and names no URL that does not exist); the fields are in docs/airflow.md#lineage.
 
 
 def stream_dataset(conn: ConnectionOptions, stream: str) -> Dataset:

@@ -1,8 +1,11 @@
-"""Every Python and `rmqs` snippet in docs/ runs, against the real broker and Spark.
+"""Every Python and `rmqs` snippet of the READMEs and docs/ runs, against the real broker and Spark.
 
 Snippets use the names a reader would (`orders`, `events`); the test creates fresh streams and
-substitutes their names, provides `out_dir`, `checkpoint_dir` and `orders_df`, and runs a page's
-snippets in order in one namespace. `make` lines are the project's own commands, run by CI itself.
+substitutes their names, points `/lake/...` paths into a temporary folder, and runs a page's
+snippets in order in one namespace that starts empty: a snippet defines what it uses (the test's
+SparkSession is the one `SparkSession.builder.getOrCreate()` returns). Blocks that cannot run here
+say why in a `<!-- not run: ... -->` comment (tests/support/docs.py; tests/unit/test_docs.py
+checks that every other block is one this test runs).
 """
 
 from __future__ import annotations
@@ -16,15 +19,13 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from pyspark_rmqs.cli import app
+from tests.support import docs
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish, publish_keyed
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
-ROOT = Path(__file__).resolve().parents[2]
-BLOCK = re.compile(r"```(python|console)\n(.*?)```", re.S)
-DOC_PAGES = sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md") if BLOCK.search(p.read_text()))
-PAGES = ["README.md", *DOC_PAGES]
+PAGES = [page for page in docs.pages() if any(docs.runs(b) for b in docs.blocks(page))]
 
 
 def substitute(code: str, names: dict[str, str]) -> str:
@@ -36,8 +37,16 @@ def substitute(code: str, names: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_snippets_run(
-    page: str, spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path
+    page: str,
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # type: ignore[no-untyped-def]
+    # What the pages' shell lines set (docs/airflow.md's `export AIRFLOW_CONN_...`, RMQS_PASSWORD).
+    monkeypatch.setenv("AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT", broker.uri)
+    monkeypatch.setenv("RMQS_PASSWORD", broker.password)
     orders, parts = streams.super_stream(3)
     events = streams.stream()
     publish_keyed(broker, orders, [(f"c{i % 97}", f'{{"n": {i}}}'.encode()) for i in range(600)])
@@ -45,27 +54,19 @@ def test_snippets_run(
         publish(broker, p, [b"{}"] * 30)
     publish(broker, events, [b"e"] * 250)
     names = {"orders": orders, "events": events}
-    ns = {
-        "spark": spark,
-        "out_dir": str(tmp_path / "out"),
-        "checkpoint_dir": str(tmp_path / "ckpt"),
-        "orders_df": spark.createDataFrame(
-            [("c1", 3, 9.5), ("c2", 1, 20.0)], "customer string, qty int, amount double"
-        ),
-    }
+    ns: dict[str, object] = {}
     runner = CliRunner()
     ran = 0
-    for kind, code in BLOCK.findall((ROOT / page).read_text()):
-        if kind == "python":
-            code = substitute(code, names).replace('"/lake/', f'"{tmp_path}/lake/')
-            exec(compile(code, f"{page}:snippet", "exec"), ns)
+    for block in docs.blocks(page):
+        if not docs.runs(block):
+            continue
+        if block.lang == "python":
+            code = substitute(block.code, names).replace('"/lake/', f'"{tmp_path}/lake/')
+            exec(compile(code, block.where, "exec"), ns)
             ran += 1
             continue
-        for line in code.splitlines():
-            cmd = line.split("#")[0].strip()
+        for cmd in docs.rmqs_lines(block.code):
             words = [names.get(w, w) for w in shlex.split(cmd)]
-            if not words or not words[0].endswith("rmqs"):
-                continue
             if words[1] == "broker":  # never stop the suite's broker; status must say it runs
                 if words[2] == "status" and not broker.external:
                     r = runner.invoke(app, words[1:])
@@ -73,6 +74,6 @@ def test_snippets_run(
                     ran += 1
                 continue
             r = runner.invoke(app, [*words[1:], "--endpoints", f"{broker.host}:{broker.port}"])
-            assert r.exit_code == 0, (cmd, r.output)
+            assert r.exit_code == 0, (block.where, cmd, r.output)
             ran += 1
     assert ran > 0

@@ -18,6 +18,7 @@ from pyspark_rmqs.options import (
     describe_range,
     reference,
 )
+from tests.support import docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +65,7 @@ def test_every_bounded_integer_option_documents_its_range(option: str) -> None:
 
 def test_readme_links_resolve() -> None:
     text = (ROOT / "README.md").read_text()
-    for target in re.findall(r"\]\(((?:docs/)[^)#]+)", text):
+    for target in re.findall(r"\]\(((?:docs/|[A-Z]+\.md)[^)#]*)", text):
         assert (ROOT / target).exists(), target
 
 
@@ -89,3 +90,34 @@ def test_failure_semantics_names_tests_that_exist() -> None:
             assert re.search(rf"^def {re.escape(name)}\(", last.read_text(), re.M), f"no test {ref}"
             cited += 1
     assert cited >= 15
+
+
+def test_every_code_block_runs_or_says_why_not() -> None:
+    """Each block of README.md, README.pypi.md, the root documents and docs/ is one the snippet test
+    (tests/integration/test_docs_snippets.py) runs, or carries `<!-- not run: reason -->`."""
+    silent = []
+    for page in docs.pages():
+        for block in docs.blocks(page):
+            if block.not_run is not None:
+                assert len(block.not_run) >= 15, f"{block.where}: say why the block is not run"
+            elif not docs.runs(block):
+                silent.append(f"{block.where} ({block.lang or 'no language'})")
+    assert silent == [], "blocks neither run by the snippet test nor marked <!-- not run: reason -->"
+    assert sum(docs.runs(b) for page in docs.pages() for b in docs.blocks(page)) >= 20
+
+
+def test_the_package_index_description_has_no_links_into_the_repository() -> None:
+    """README.pypi.md is the wheel's long description: relative links break on the package index."""
+    text = (ROOT / "README.pypi.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", text) + re.findall(r'(?:href|src)="([^"]+)"', text)
+    assert [link for link in links if not link.startswith("https://")] == []
+    assert 'readme = "README.pypi.md"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_version_named_in_the_docs_is_the_packages() -> None:
+    """`rmqs-X.Y.Z` file names in the install instructions follow `pyspark_rmqs.__version__`."""
+    from pyspark_rmqs import __version__
+
+    for page in docs.pages():
+        for named in re.findall(r"rmqs-(\d+\.\d+\.\d+)", (ROOT / page).read_text()):
+            assert named == __version__, f"{page} names rmqs-{named}, the package is {__version__}"

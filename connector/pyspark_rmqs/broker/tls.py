@@ -91,7 +91,8 @@ def _read_pkcs12(path: str, password: str | None) -> tuple[Any, bytes]:
         from cryptography.hazmat.primitives.serialization import pkcs12
     except ImportError as e:
         raise ConfigurationError(
-            "option 'tls.keystore' needs the 'cryptography' package; or give 'tls.certFile' and 'tls.keyFile'"
+            "option 'tls.keystore' needs the 'cryptography' package (pip install 'rmqs[pkcs12]'); "
+            "or give 'tls.certFile' and 'tls.keyFile'"
         ) from e
     try:
         with open(path, "rb") as f:
