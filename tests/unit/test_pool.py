@@ -61,3 +61,21 @@ def test_pool_is_per_process_and_loop() -> None:
     p1 = asyncio.run(one())
     p2 = asyncio.run(one())
     assert p1 is not p2  # another loop (a forked child has other loops too): never share sockets
+
+
+def test_idle_time_comes_from_the_environment_and_bad_values_name_the_variable() -> None:
+    import pytest
+
+    assert pool_module.idle_seconds({}) == 60.0
+    assert pool_module.idle_seconds({"RMQS_POOL_IDLE_SECONDS": "15"}) == 15.0
+    assert pool_module.idle_seconds({"RMQS_POOL_IDLE_SECONDS": "0.5"}) == 0.5
+    for bad in ("0", "-3", "soon", "inf", "nan"):
+        with pytest.raises(
+            ValueError, match=r"RMQS_POOL_IDLE_SECONDS='.*': expected a number of seconds above 0"
+        ):
+            pool_module.idle_seconds({"RMQS_POOL_IDLE_SECONDS": bad})
+
+
+def test_the_suite_runs_with_a_short_idle_time_set_before_the_pool_was_imported() -> None:
+    """tests/conftest.py sets 15 s so the soak waits for idle eviction 15-23 s, not 60-90 s."""
+    assert pool_module.IDLE_SECONDS == float(__import__("os").environ["RMQS_POOL_IDLE_SECONDS"])

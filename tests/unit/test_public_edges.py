@@ -17,7 +17,8 @@ def _private_uses(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyspark_rmqs"):
             for alias in node.names:
-                if alias.name.startswith("_"):
+                dunder = alias.name.startswith("__") and alias.name.endswith("__")  # __version__ is public
+                if alias.name.startswith("_") and not dunder:
                     found.append(f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
                 modules.add(alias.asname or alias.name)  # a module or a name: attributes of either count
         elif isinstance(node, ast.Import):

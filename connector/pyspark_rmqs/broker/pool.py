@@ -2,13 +2,17 @@
 
 Metadata calls share one "locator" connection per settings; readers and writers borrow a
 dedicated connection (one socket each, so partitions do not contend) and return it. Idle
-connections are closed after `IDLE_SECONDS`. A forked Python worker starts with an empty pool:
-sockets and the loop thread do not survive a fork. All methods run on one event loop.
+connections are closed after `IDLE_SECONDS` (60 s, or the environment's `RMQS_POOL_IDLE_SECONDS`:
+the pool is per process, so a process-wide setting, not a read option). A forked Python worker
+starts with an empty pool: sockets and the loop thread do not survive a fork. All methods run on one
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 import weakref
 from collections import defaultdict
@@ -17,7 +21,25 @@ from typing import Any
 from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.protocol import RmqsClient
 
-IDLE_SECONDS = 60.0
+
+def idle_seconds(environ: Any = os.environ) -> float:
+    """How long an unused pooled connection stays open: `RMQS_POOL_IDLE_SECONDS`, else 60 s.
+
+    Shorter frees broker connections sooner after a job (the test suite waits on that); longer
+    keeps them for jobs that come back after a pause."""
+    raw = environ.get("RMQS_POOL_IDLE_SECONDS")
+    if raw is None or raw.strip() == "":
+        return 60.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"RMQS_POOL_IDLE_SECONDS={raw!r}: expected a number of seconds above 0 (default 60)")
+    return value
+
+
+IDLE_SECONDS = idle_seconds()
 
 
 class ConnectionPool:
