@@ -47,7 +47,7 @@ broker-status:
 # Two phases (scripts/test.sh): the tests that leave the broker alone (on TEST_WORKERS pytest-xdist
 # workers when above 1), then the broker-fault tests alone; it ends with the slowest 15 tests and
 # the time per tier.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: prepare
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
