@@ -52,7 +52,7 @@ test: prepare
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
 test-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 tests/unit $(PYTEST_ARGS)
 
 # The soak for longer than `make test` runs it (60 s): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
 SOAK_SECONDS ?= 600

@@ -452,5 +452,9 @@ def test_broker_and_demo_explain_themselves_outside_a_checkout(monkeypatch) -> N
 def test_broker_status_from_another_directory(broker: BrokerSettings, tmp_path: Path) -> None:
     if broker.external:
         pytest.skip("the local broker is not used")
-    r = rmqs("broker", "status", cwd=tmp_path)  # the checkout is found beside the installed package
+    # scripts/broker.sh's own settings (where its broker lives, its ports) describe this machine, not
+    # the CLI's flags: they pass through (a broker under another RMQS_BROKER_HOME is still ours).
+    own = ("RMQS_BROKER_", "RMQS_EPMD_PORT", "RMQS_STREAM_", "RMQS_AMQP_PORT", "RMQS_MANAGEMENT_PORT")
+    env = {k: v for k, v in os.environ.items() if k.startswith(own)}
+    r = rmqs("broker", "status", cwd=tmp_path, env=env)  # the checkout is found beside the package
     assert r.returncode == 0 and "running" in r.stdout, r.stdout + r.stderr
