@@ -78,4 +78,7 @@ def test_idle_time_comes_from_the_environment_and_bad_values_name_the_variable()
 
 def test_the_suite_runs_with_a_short_idle_time_set_before_the_pool_was_imported() -> None:
     """tests/conftest.py sets 15 s so the soak waits for idle eviction 15-23 s, not 60-90 s."""
-    assert pool_module.IDLE_SECONDS == float(__import__("os").environ["RMQS_POOL_IDLE_SECONDS"])
+    import os
+
+    configured = float(os.environ["RMQS_POOL_IDLE_SECONDS"])
+    assert configured == pool_module.IDLE_SECONDS
