@@ -45,8 +45,8 @@ broker-status:
 	@bash scripts/broker.sh status
 
 # Two phases (scripts/test.sh): the tests that leave the broker alone (on TEST_WORKERS pytest-xdist
-# workers when above 1), then the broker-fault tests alone; it ends with the slowest 15 tests and
-# the time per tier.
+# workers when above 1), then the broker-fault tests alone with the unit tier beside them; it ends
+# with the slowest 15 tests, the time per tier and the machine's CPU.
 TEST_WORKERS ?= 3
 test: prepare
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)

@@ -132,13 +132,10 @@ FILE_GROUPS = {
 }
 
 
-def xdist_group(path: str) -> str | None:
-    """The pytest-xdist group of a test file (`--dist loadgroup`), None for a test any worker may
-    run. Only files with module-scoped fixtures are kept whole: every worker has its own SparkSession
-    and Airflow database anyway (one JVM each, ~8 s of CPU with the suite's JVM options), and
-    scheduling test by test keeps both workers busy to the end, where whole files (the fault tests
-    as one group: 825 s of a 1,119 s phase) left one worker idle while the other finished."""
-    return FILE_GROUPS.get(path)
+# Every other test goes to whichever worker is free: each worker has its own SparkSession and Airflow
+# database anyway (one JVM each, ~8 s of CPU with the suite's JVM options), and scheduling test by
+# test keeps the workers busy to the end, where whole files (the fault tests as one group: 825 s of a
+# 1,119 s phase) left one worker idle while the other finished.
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns xdist_group marks into its scheduling ids
@@ -163,7 +160,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_start_order)
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if item.get_closest_marker("serial") is None and (group := xdist_group(path)):
+        if item.get_closest_marker("serial") is None and (group := FILE_GROUPS.get(path)):
             item.add_marker(pytest.mark.xdist_group(name=group))
             if getattr(config.option, "loadgroup", False):
                 _schedule_in_group(item, group)

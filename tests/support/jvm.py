@@ -19,6 +19,7 @@ user set is kept as it is. The production code sets none of this: it is the suit
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,8 +27,9 @@ import time
 from pathlib import Path
 
 ARCHIVE = Path(sys.prefix) / "rmqs-spark-classes.jsa"
+C1_ONLY = "-XX:TieredStopAtLevel=1"
 # C1 only; the archive when it loads; no note on stdout when it cannot (another class path or JDK).
-BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -Xlog:cds=off,cds+dynamic=off"
+BASE_OPTIONS = f"{C1_ONLY} -Xlog:cds=off,cds+dynamic=off"
 
 _DUMP_JOB = """
 from pyspark.sql import SparkSession
@@ -51,9 +53,11 @@ def current_archive() -> Path | None:
 
 
 def _jars_mtime() -> float:
-    import pyspark
-
-    return (Path(pyspark.__file__).parent / "jars").stat().st_mtime
+    """Found without importing pyspark: every pytest start (the unit tier too) asks this."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise OSError("pyspark is not installed")
+    return (Path(spec.origin).parent / "jars").stat().st_mtime
 
 
 def ensure_archive(timeout_s: float = 300) -> Path | None:
@@ -68,7 +72,7 @@ def ensure_archive(timeout_s: float = 300) -> Path | None:
         partial = ARCHIVE.with_suffix(".partial")
         env = {
             **os.environ,
-            "JDK_JAVA_OPTIONS": f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}",
+            "JDK_JAVA_OPTIONS": f"{C1_ONLY} -XX:ArchiveClassesAtExit={partial}",
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
