@@ -437,6 +437,28 @@ def test_named_producer_continues_after_the_last_publishing_id(conn, client, str
     assert read(conn, s, 0, 200) == (list(range(200)), first + second)
 
 
+def test_a_connection_whose_publisher_was_not_deleted_is_not_reused(conn, client, streams) -> None:  # type: ignore[no-untyped-def]
+    """A writer whose publisher deletion failed (timed out on a loaded machine) closes that
+    connection instead of pooling it: the next writer would declare the same publisher id on it and
+    the broker refuse with PRECONDITION_FAILED (seen in CI as a failed publish)."""
+    s = streams.stream()
+    producer = StreamProducer(conn, s, superstream=False, settings=WriteSettings())
+    try:
+        producer.send([codec.encode(v) for v in bodies("a", 0, 10)])
+        producer.flush()
+        stuck = producer._publishers[s].client
+
+        async def deletion_times_out(publisher_id: int) -> None:
+            raise TimeoutError("delete_publisher timed out")
+
+        stuck.delete_publisher = deletion_times_out  # type: ignore[method-assign]
+    finally:
+        producer.close()
+
+    publish(conn, s, bodies("b", 0, 10))  # a fresh connection: the same publisher id declares again
+    assert read(conn, s, 0, 20) == (list(range(20)), bodies("a", 0, 10) + bodies("b", 0, 10))
+
+
 # ------------------------------------------------------------------------------------ compression
 
 

@@ -373,10 +373,19 @@ class Publisher:
                 "more partitions"
             )
 
-    async def close(self) -> None:
+    async def close(self) -> bool:
+        """Delete the publisher; True when the broker confirmed it, so its connection can be reused.
+
+        A connection whose publisher id is still declared on the broker must not go back to the pool:
+        the next writer to get it declares the same id and the broker refuses with
+        PRECONDITION_FAILED (seen on a loaded machine, where the deletion timed out).
+        """
         self._detach()
-        if self.client.is_connection_alive():
-            try:
-                await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
-            except Exception:
-                log.debug("delete_publisher failed", exc_info=True)
+        if not self.client.is_connection_alive():
+            return False
+        try:
+            await asyncio.wait_for(self.client.delete_publisher(self.id), 10)
+        except Exception:
+            log.debug("delete_publisher failed", exc_info=True)
+            return False
+        return True

@@ -187,11 +187,16 @@ class StreamProducer:
             log.debug("closing producer failed", exc_info=True)
 
     async def _close(self) -> None:
+        unclean = set()
         for p in self._publishers.values():
-            await p.close()
+            if not await p.close():
+                unclean.add(id(p.client))
         pool = get_pool()
         for c in self._clients:
-            pool.release(self.conn, c)
+            if id(c) in unclean:
+                await pool.discard(c)  # a publisher id may still be declared on it
+            else:
+                pool.release(self.conn, c)
         self._publishers.clear()
         self._clients.clear()
 
