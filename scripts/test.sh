@@ -6,7 +6,7 @@
 #    phase took 794 s on 2 workers and 695 s on 3), or in this process when TEST_WORKERS=1.
 #    `--dist loadgroup`: tests/conftest.py keeps whole the files with module-scoped servers and
 #    hands out the long tests first.
-# 2. The tests marked `serial` (they stop, restart or pause the broker, or count its connections),
+# 2. The tests marked `serial` (they stop, restart or pause the broker),
 #    alone against the broker, while the unit tier (no broker, no Spark) uses the other core.
 # Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), the
 # machine's CPU over the run, and a closing `N passed, N failed, N skipped` line over every run.

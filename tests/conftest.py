@@ -111,11 +111,10 @@ def spark() -> Iterator[object]:
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
-# Tests that stop, restart or pause the shared broker, or count broker-wide connections: `make test`
-# runs them alone, after the parallel phase (`-m serial`), so no other test sees their faults.
+# Tests that stop, restart or pause the shared broker: `make test` runs them alone, after the parallel
+# phase (`-m serial`), so no other test sees their faults.
 SERIAL = (
     "tests/e2e/faults/test_broker_restart.py::",
-    "tests/e2e/soak/test_soak.py::",
     "tests/airflow/test_triggers.py::test_new_data_trigger_rides_out_a_broker_restart",
     "tests/e2e/faults/test_read_guarantees.py::test_a_paused_broker_",
 )

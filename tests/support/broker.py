@@ -137,8 +137,9 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
-def management(method: str, path: str, body: dict[str, Any] | None = None) -> None:
-    """One call to the local broker's management HTTP API (guest/guest on 127.0.0.1:15672)."""
+def management(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call to the local broker's management HTTP API (guest/guest on 127.0.0.1:15672); the
+    answer's JSON, None when it has none."""
     import base64
     import json
     import urllib.request
@@ -152,4 +153,6 @@ def management(method: str, path: str, body: dict[str, Any] | None = None) -> No
             "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
         },
     )
-    urllib.request.urlopen(req, timeout=10).close()
+    with urllib.request.urlopen(req, timeout=10) as answer:
+        text = answer.read()
+    return json.loads(text) if text else None
