@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup prepare java test test-unit soak lint broker-up broker-down broker-status demo bench docs dist lock clean
+.PHONY: setup prepare java test test-unit test-containers soak lint broker-up broker-down broker-status demo bench docs dist lock clean
 
 setup: java $(STAMP)
 
@@ -17,7 +17,7 @@ setup: java $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,dev]'
+	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,testing,dev]'
 	@# PYTHONDONTWRITEBYTECODE may be set: compile once here, or every Spark worker pays ~2 s for pandas.
 	@$(PY) -m compileall -q -j0 $(VENV)/lib >/dev/null 2>&1 || true
 	@touch $@
@@ -53,6 +53,14 @@ test: prepare
 
 test-unit: setup
 	$(PY) -m pytest -n 2 tests/unit $(PYTEST_ARGS)
+
+# The pytest plugin (pytest_rmqs) against RabbitMQ containers, with no RMQS_TEST_URI: dockerd started
+# when installed but not running (and stopped again), the local image rmqs-rabbitmq:4.0 built once
+# from the broker's trixie root (scripts/containers.sh), then tests/containers (the plugin's own
+# tests, an example DAG and a Dagster asset, a fresh venv with the wheel's rmqs[testing]). Not part
+# of `make test`: about 70 s on 2 cores (the first build of the image adds ~6 s; docs/testing.md).
+test-containers: setup
+	$(PY) -m pytest -p no:cacheprovider tests/containers $(PYTEST_ARGS)
 
 # The soak for longer than `make test` runs it (60 s): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
 SOAK_SECONDS ?= 600
@@ -93,7 +101,7 @@ dist: setup
 # Re-resolve the locked versions after changing dependencies in pyproject.toml. The dagster-ui
 # extra (dagster-webserver) is not locked: its gql pin conflicts with dagster-dg-cli's (dev).
 lock:
-	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra dev \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra testing --extra dev \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:

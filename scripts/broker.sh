@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real local RabbitMQ 4.0 broker for rmqs:
-#   up | down | restart | status | pids | tls-dir | ctl ARGS | streams ARGS | plugins ARGS
+#   up | down | restart | status | pids | tls-dir | install | ctl ARGS | streams ARGS | plugins ARGS
 #
 # Debian 13 hosts use the distribution's rabbitmq-server ("host mode"); its own systemd/init service
 # is disabled and masked, this script alone starts and stops the broker. Debian 12 hosts (whose
@@ -570,8 +570,18 @@ cmd_tls_dir() {
     tls_ready || { log "no test certificates in $(tls_dir_host) yet: run $0 up"; return 1; }
 }
 
+# Install without starting: the package (host mode) or the chroot (chroot mode). scripts/containers.sh
+# builds its image from the chroot (RMQS_BROKER_MODE=chroot on any host).
+cmd_install() {
+    as_root mkdir -p "$HOME_DIR"
+    lock
+    if use_chroot; then install_chroot; else install_host; fi
+    log "installed: RabbitMQ $(broker_version_pkg) ($(mode_text)); nothing started"
+}
+
 case "${1:-}" in
     up) cmd_up ;;
+    install) cmd_install ;;
     down) cmd_down ;;
     restart) cmd_down; cmd_up ;;  # a real process restart (the fault-injection tests use it)
     status) cmd_status ;;
@@ -580,5 +590,5 @@ case "${1:-}" in
     ctl) shift; as_rabbit rabbitmqctl "$@" ;;
     streams) shift; as_rabbit rabbitmq-streams "$@" ;;
     plugins) shift; as_rabbit rabbitmq-plugins "$@" ;;
-    *) echo "usage: $0 up|down|restart|status|pids|tls-dir|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|restart|status|pids|tls-dir|install|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
 esac

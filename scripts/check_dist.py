@@ -1,9 +1,10 @@
 """`make dist`'s content check of the built wheel and sdist (twine checks the metadata).
 
-The wheel holds the three packages, each with `py.typed`, and the license; its metadata names the
-license file, the version of `pyspark_rmqs.__version__`, and a long description without links
-into the repository (they break on the package index). The sdist holds the docs, the example
-DAGs, the license and the changelog. Exit 1 with one line per problem.
+The wheel holds the four packages (DESIGN §3's three and the pytest plugin `pytest_rmqs`), each
+with `py.typed`, and the license; its metadata names the license file, the version of
+`pyspark_rmqs.__version__`, and a long description without links into the repository (they break
+on the package index). The sdist holds the docs, the example DAGs, the license and the changelog.
+Exit 1 with one line per problem.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-PACKAGES = ("pyspark_rmqs", "airflow_rmqs", "dagster_rmqs")
+PACKAGES = ("pyspark_rmqs", "airflow_rmqs", "dagster_rmqs", "pytest_rmqs")
 SDIST_FILES = (
     "LICENSE",
     "CHANGELOG.md",

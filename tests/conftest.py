@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from urllib.parse import quote
 
 import pytest
@@ -19,6 +20,12 @@ from tests.support import broker as tb
 from tests.support import jvm
 
 pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
+# rmqs's own pytest plugin (pytest_rmqs: rmqs_* fixtures) loads through its `pytest11` entry point
+# where rmqs is installed from this pyproject; a venv installed before the entry point existed gets it here.
+if not any(ep.name == "rmqs" for ep in entry_points(group="pytest11")):
+    pytest_plugins.append("pytest_rmqs.plugin")
+# A user's project (DAG, asset, their tests): the plugin's tests copy it out and run pytest there.
+collect_ignore_glob = ["support/user_project/*"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -154,6 +161,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
         if item.nodeid.startswith("tests/unit/"):
             item.add_marker(pytest.mark.unit)
+        if item.nodeid.startswith("tests/containers/"):
+            item.add_marker(pytest.mark.containers)
     if not on_worker:
         return
     items.sort(key=_start_order)

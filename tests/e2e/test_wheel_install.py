@@ -29,13 +29,14 @@ import pytest
 
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish
+from tests.support.plugin_runs import USER_PROJECT
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).parent / "uv"
 CONSTRAINTS = REPO / "requirements" / "constraints.txt"
-PACKAGES = ("pyspark_rmqs", "airflow_rmqs", "dagster_rmqs")
+PACKAGES = ("pyspark_rmqs", "airflow_rmqs", "dagster_rmqs", "pytest_rmqs")
 
 # What each extra adds that a module of rmqs may import: without the extra, importing that module
 # may fail on exactly these names (and on nothing else: anything else is an undeclared dependency).
@@ -47,9 +48,10 @@ OPTIONAL = {
     "openlineage": ("airflow", "attr", "openlineage"),
     "iceberg": ("pyiceberg",),
     "pkcs12": ("cryptography",),
+    "testing": ("pytest", "testcontainers", "docker"),  # pytest_rmqs
 }
 ALL_OPTIONAL = sorted({name for names in OPTIONAL.values() for name in names})
-EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12"]
+EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12", "testing"]
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:
@@ -232,6 +234,23 @@ def test_spark_reads_from_the_wheel_outside_the_checkout(
     lines = [line for line in done.stdout.splitlines() if line.startswith("ROWS ")]
     assert lines, f"the Spark read failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     assert json.loads(lines[0][5:]) == {stream: 120}
+
+
+@pytest.mark.broker
+def test_a_users_tests_run_with_rmqs_testing_against_rmqs_test_uri(
+    venvs: Venvs, broker: BrokerSettings, tmp_path: Path
+) -> None:
+    """`pip install rmqs[testing]`, a test file, RMQS_TEST_URI: the plugin loads from its entry point
+    (nothing names it), its fixtures reach the broker and clean up. The same file against a container
+    with no RMQS_TEST_URI: tests/containers (make test-containers)."""
+    venv = venvs("testing")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(USER_PROJECT / "test_streams.py", project)
+    env = user_env(tmp_path, RMQS_TEST_URI=broker.uri, RMQS_TEST_WHEN_NO_BROKER="fail")
+    done = run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "4 passed" in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.airflow

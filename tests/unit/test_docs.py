@@ -121,3 +121,15 @@ def test_the_version_named_in_the_docs_is_the_packages() -> None:
     for page in docs.pages():
         for named in re.findall(r"rmqs-(\d+\.\d+\.\d+)", (ROOT / page).read_text()):
             assert named == __version__, f"{page} names rmqs-{named}, the package is {__version__}"
+
+
+def test_the_testing_guide_shows_the_user_project_the_suite_runs() -> None:
+    """docs/testing.md's examples are tests/support/user_project's files, verbatim: the suite runs those
+    (tests/integration/test_pytest_plugin.py, make test-containers), so the page cannot drift from them."""
+    shown = 0
+    for block in docs.blocks("docs/testing.md"):
+        m = re.match(r"(tests/support/user_project/\S+) is this file", block.not_run or "")
+        if m:
+            assert block.code.rstrip("\n") == (ROOT / m[1]).read_text().rstrip("\n"), block.where
+            shown += 1
+    assert shown == 5

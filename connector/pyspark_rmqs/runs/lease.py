@@ -28,6 +28,7 @@ from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.errors import ConfigurationError, ConsumerBusyError
+from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ def acquire(
     for that only when the name is busy (the usual run pays no record read for it).
     """
     check_name(name, "lease name")
+    if stream == RUNS_STREAM:  # a fresh broker has no records stream until the first record
+        ensure_stream(conn)
     got = run_sync(_acquire(conn, stream, name, wait_s), wait_s + 60.0, f"lease on '{name}'")
     if got is None:
         text = holder() if callable(holder) else holder
