@@ -254,3 +254,38 @@ def test_an_ending_offsets_json_names_the_partitions_a_batch_reads(
     # a startingOffsets JSON does not: an unnamed partition starts at its first offset
     got = offsets(startingOffsets=f'{{"{parts[0]}": 25}}')
     assert got == [(parts[0], o) for o in range(25, 30)] + [(p, o) for p in parts[1:] for o in range(30)]
+
+
+# ------------------------------------------------------------------ a broker rmqs never used
+
+
+def test_the_first_watermark_run_on_a_broker_without_the_records_stream(broker: BrokerSettings) -> None:
+    """A virtual host rmqs never used has no `rmqs.runs`: the first run's lease must create it, not
+    fail with StreamDoesNotExist (it did: the lease subscribed to the records stream before the
+    first record was written). Every offset is read once, and the next run reads nothing again."""
+    import dataclasses
+    import uuid
+
+    from tests.support.broker import management
+
+    if broker.external:
+        pytest.skip("RMQS_TEST_URI is set: cannot create virtual hosts on that broker")
+    vhost = f"rmqs-fresh-{uuid.uuid4().hex[:8]}"
+    management("PUT", f"vhosts/{vhost}")
+    try:
+        management(
+            "PUT", f"permissions/{vhost}/{broker.username}", {"configure": ".*", "write": ".*", "read": ".*"}
+        )
+        fresh = dataclasses.replace(broker, vhost=vhost)
+        conn = conn_of(fresh)
+        client(fresh).create_stream("orders")
+        publish(fresh, "orders", [b"m%d" % i for i in range(30)])
+        batches: list[Any] = []
+        summary = run_consume(conn, jobs.plan_read(conn, stream="orders", consumer="first"), batches.append)
+        assert _offsets_of(batches) == [("orders", o) for o in range(30)]
+        assert summary.rows == 30
+        again: list[Any] = []
+        run_consume(conn, jobs.plan_read(conn, stream="orders", consumer="first"), again.append)
+        assert _offsets_of(again) == []
+    finally:
+        management("DELETE", f"vhosts/{vhost}")
