@@ -6,11 +6,18 @@
 For each publish-batch size B, N 100-byte messages are spread evenly over a fresh 2-partition super
 stream through rstream's own `Producer.send_batch` of B messages per call (bench.common.fill_batches;
 the average messages per chunk the broker made is printed). The bare rstream consumer drains both
-partitions concurrently (one subscription each, one asyncio loop); Spark (`local[2]`, warmed up by a
-tiny read first) reads the super stream into the `noop` sink, once with no metadata columns and once
-with all of them; each side the best of `--rounds` interleaved rounds. Prints one line per side
-and a summary line per size:
-`spark read B=100 (50.0 msg/chunk): bare 250,000 msg/s; fixed columns 1.10x; all metadata 0.80x`.
+partitions concurrently (one subscription each, one asyncio loop); Spark (`local[2]`) reads the super
+stream into the `noop` sink, once with no metadata columns and once with all of them, two ways:
+
+- **cold**: the first read of a fresh session, in a new process each round (`--cold-child`): what
+  every Airflow task with a local session, every Dagster run process and every `spark-submit` of a
+  scheduled job gets. Timed from `spark.read` to the last row, after the session started (its start
+  is printed apart);
+- **warm**: a long-lived session warmed up by a tiny read first (the best case).
+
+Each side is the best of `--rounds` interleaved rounds. Prints one line per side and a summary line
+per size: `spark read B=100 (50.0 msg/chunk): bare 250,000 msg/s; cold: fixed columns 0.77x, all
+metadata 0.60x (session start 6.1 s); warm: fixed columns 1.56x, all metadata 1.20x`.
 
 With `--memory`, also the peak RSS of a separate Python process iterating a `RangeReader` over
 the first 1,000,000 and 10,000,000 messages of a single stream and discarding the batches:
@@ -24,12 +31,16 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.common import (
     REPO,
     ROUNDS,
-    best_of,
+    Measured,
+    Span,
+    best_measured,
     chunk_stats,
     connection,
     fill,
@@ -76,6 +87,32 @@ def _spark_read(
     return int(seen.get["rows"])
 
 
+def _cold_child(superstream: str, fields: str) -> None:
+    """In a new process: start a session, read once; print the session start and the read as JSON."""
+    started = time.perf_counter()
+    spark = spark_session("rmqs-bench-cold-read")
+    session_s = time.perf_counter() - started
+    span = Span()
+    rows = _spark_read(spark, superstream, None if fields == "all" else fields)
+    m = span.done()
+    print(json.dumps({"session_s": session_s, "read_s": m.seconds, "broker_cpu": m.broker_cpu, "rows": rows}))
+    spark.stop()
+
+
+def _cold(superstream: str, fields: str, sessions: list[float]) -> tuple[Measured, int]:
+    """The first read of a fresh session in a new process; its session start is added to `sessions`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.spark_read", "--cold-child", superstream, fields],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    sessions.append(got["session_s"])
+    return Measured(got["read_s"], got["broker_cpu"]), got["rows"]
+
+
 def spread(parts: list[str], n: int) -> dict[str, int]:
     return {p: n // len(parts) + (i < n % len(parts)) for i, p in enumerate(parts)}
 
@@ -109,7 +146,7 @@ def _memory(conn: ConnectionOptions, counts: list[int]) -> None:
             print(f"reader peak RSS for {n:,} messages: {_peak_rss_mib(stream, n):,.1f} MiB", flush=True)
 
 
-def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: int) -> str:
+def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: int, cold: bool) -> str:
     with temp_super_stream(conn, PARTITIONS, "bench-spark-read") as (name, parts):
         counts = spread(parts, n)
         fill_batches(conn, counts, n, batch)
@@ -119,23 +156,37 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
         for fields in ("", None):  # JVM, Python workers, imports and broker connections
             _spark_read(spark, name, fields, ending)
         cpu: dict[str, float] = {}
-        best = best_of(
-            rounds,
-            n,
-            {
-                "bare": lambda _r: asyncio.run(_bare_all(conn, counts)),
-                "fixed": lambda _r: _spark_read(spark, name, ""),
-                "meta": lambda _r: _spark_read(spark, name, None),
-            },
-            cpu,
-        )
+        sessions: list[float] = []
+        sides: dict[str, Callable[[int], Measured]] = {
+            "bare": lambda _r: _counted(n, lambda: (Span(), asyncio.run(_bare_all(conn, counts)))),
+            "fixed": lambda _r: _counted(n, lambda: (Span(), _spark_read(spark, name, ""))),
+            "meta": lambda _r: _counted(n, lambda: (Span(), _spark_read(spark, name, None))),
+        }
+        if cold:
+            sides["cold fixed"] = lambda _r: _counted(n, lambda: _cold(name, "", sessions))
+            sides["cold meta"] = lambda _r: _counted(n, lambda: _cold(name, "all", sessions))
+        best = best_measured(rounds, sides, cpu)
         base = report("bare rstream consumer", n, best["bare"], broker_cpu=cpu.get("bare"))
-        fixed = report("spark fixed columns", n, best["fixed"], base, cpu.get("fixed"))
-        meta = report("spark all metadata", n, best["meta"], base, cpu.get("meta"))
-    return (
-        f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
-        f"fixed columns {fixed / base:.2f}x; all metadata {meta / base:.2f}x"
-    )
+        line = f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
+        if cold:
+            c_fixed = report("spark cold fixed columns", n, best["cold fixed"], base, cpu.get("cold fixed"))
+            c_meta = report("spark cold all metadata", n, best["cold meta"], base, cpu.get("cold meta"))
+            start = min(sessions)
+            line += (
+                f"cold: fixed columns {c_fixed / base:.2f}x, all metadata {c_meta / base:.2f}x "
+                f"(session start {start:.1f} s); "
+            )
+        fixed = report("spark warm fixed columns", n, best["fixed"], base, cpu.get("fixed"))
+        meta = report("spark warm all metadata", n, best["meta"], base, cpu.get("meta"))
+    return line + f"warm: fixed columns {fixed / base:.2f}x, all metadata {meta / base:.2f}x"
+
+
+def _counted(count: int, run: Callable[[], tuple[Any, int]]) -> Measured:
+    """Run one side; it returns (its `Span` or `Measured`, the rows it saw), which must be `count`."""
+    first, seen = run()
+    measured = first.done() if isinstance(first, Span) else first
+    assert seen == count, f"saw {seen:,} of {count:,}"
+    return measured
 
 
 def main() -> None:
@@ -145,15 +196,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="best of this many interleaved rounds")
     ap.add_argument("--memory", action="store_true", help="also measure the reader's peak RSS (slow)")
     ap.add_argument("--memory-sizes", default="1000000,10000000", help="comma-separated message counts")
+    ap.add_argument("--no-cold", action="store_true", help="only the warm session (no new processes)")
     ap.add_argument("--rss-child", nargs=2, metavar=("STREAM", "COUNT"), help=argparse.SUPPRESS)
+    ap.add_argument("--cold-child", nargs=2, metavar=("SUPERSTREAM", "FIELDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
         _rss_child(args.rss_child[0], int(args.rss_child[1]))
         return
+    if args.cold_child:
+        _cold_child(*args.cold_child)
+        return
     conn = connection()
     spark = spark_session("rmqs-bench-spark-read")
     try:
-        summary = [_one_size(conn, spark, args.messages, b, args.rounds) for b in sizes(args.batches)]
+        summary = [
+            _one_size(conn, spark, args.messages, b, args.rounds, not args.no_cold)
+            for b in sizes(args.batches)
+        ]
     finally:
         spark.stop()
     for line in summary:
