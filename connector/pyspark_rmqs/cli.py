@@ -102,6 +102,32 @@ def broker_status() -> None:
     raise typer.Exit(proc.returncode)
 
 
+@app.command("spark-archive")
+def spark_archive(
+    path: Annotated[
+        Path | None,
+        typer.Option(
+            "--path",
+            show_default=False,
+            help="Where to write it (default: RMQS_SPARK_CLASS_ARCHIVE, else ~/.cache/rmqs/).",
+        ),
+    ] = None,
+) -> None:
+    """Dump a class-data archive of Spark's classes for the local sessions rmqs starts.
+
+    Run it once where the tasks run (when the image or virtualenv is built): the driver JVM of every
+    later local session of the Airflow operators and Dagster's SparkSessionResource maps Spark's
+    classes from it instead of loading them, which cuts the JVM's start. Needs pyspark and Java.
+    """
+    from pyspark_rmqs.spark import jvm  # finds Spark's jars; imports no pyspark
+
+    try:
+        done = jvm.dump_archive(path)
+    except (RuntimeError, OSError) as e:
+        fail(str(e))
+    typer.echo(f"rmqs: wrote {done}; local sessions rmqs starts use it while Spark is not reinstalled")
+
+
 @app.command(hidden=not _IN_CHECKOUT)
 def demo(
     uri: Annotated[

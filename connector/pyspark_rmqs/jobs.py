@@ -440,10 +440,14 @@ def spark_session(
 
     Used by the Airflow operators and Dagster's `SparkSessionResource`; the workers' Python is set
     only when the user set none (`worker_python_env`). A Spark Connect server has its own Python.
+    The driver JVM of a new local session maps Spark's class-data archive when `rmqs spark-archive`
+    dumped one and the user set no Java options of their own (`spark.jvm.driver_options`).
     """
     import os
 
     from pyspark.sql import SparkSession
+
+    from pyspark_rmqs.spark import jvm
 
     if remote:
         builder = SparkSession.builder.remote(remote).appName(app)
@@ -458,6 +462,8 @@ def spark_session(
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "4")
         )
+        for k, v in jvm.driver_options(conf or {}).items():
+            builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     return builder.getOrCreate()

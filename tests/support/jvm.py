@@ -8,56 +8,35 @@ SparkSession that runs two small jobs took 23.6 s of JVM CPU; with `-XX:TieredSt
 (C1 only: no C2 compile threads) 11.8 s, and with the archive below as well 7.9-8.9 s.
 
 The archive (`-XX:SharedArchiveFile`, JDK 13+) is dumped once per virtualenv from a run of a small
-Spark job (`python -m tests.support.jvm`, which `make test` runs beside the broker's install; ~20-50 s)
-and used when it is there and current: a session never waits for a dump (the unit tier starts no
+Spark job (`python -m tests.support.jvm`, which `make test` runs beside the broker's install; ~20-50 s;
+the dump is `pyspark_rmqs.spark.jvm.dump_archive`, what `rmqs spark-archive` runs) and used when it
+is there and current: a session never waits for a dump (the unit tier starts no
 JVM). A JVM whose class path or JDK differs from the dump's ignores it and starts as usual: the
 archive changes speed, never behaviour. The options reach every JVM the tests start
 through `JDK_JAVA_OPTIONS`, which the `java` launcher reads (it notes so on stderr); a value the
-user set is kept as it is. The production code sets none of this: it is the suite's start-up only.
+user set is kept as it is. The production code never compiles C1-only; it maps an archive only for
+the local sessions rmqs itself starts, when the user dumped one (`pyspark_rmqs.spark.jvm`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from pyspark_rmqs.spark import jvm as spark_jvm
+
 ARCHIVE = Path(sys.prefix) / "rmqs-spark-classes.jsa"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 # C1 only; the archive when it loads; no note on stdout when it cannot (another class path or JDK).
-BASE_OPTIONS = f"{C1_ONLY} -Xlog:cds=off,cds+dynamic=off"
-
-_DUMP_JOB = """
-from pyspark.sql import SparkSession
-import tempfile
-spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-df = spark.createDataFrame([(i, str(i)) for i in range(1000)], "id int, v string")
-df.groupBy("v").count().collect()
-with tempfile.TemporaryDirectory() as d:
-    df.write.parquet(d + "/p")
-    spark.read.parquet(d + "/p").mapInArrow(lambda it: it, df.schema).count()
-spark.stop()
-"""
+BASE_OPTIONS = f"{C1_ONLY} {spark_jvm.QUIET}"
 
 
 def current_archive() -> Path | None:
-    """The archive when it exists and is not older than this virtualenv's Spark jars."""
-    try:
-        return ARCHIVE if ARCHIVE.stat().st_mtime >= _jars_mtime() else None
-    except OSError:
-        return None
-
-
-def _jars_mtime() -> float:
-    """Found without importing pyspark: every pytest start (the unit tier too) asks this."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        raise OSError("pyspark is not installed")
-    return (Path(spec.origin).parent / "jars").stat().st_mtime
+    """The suite's archive when it exists and is not older than this virtualenv's Spark jars."""
+    return spark_jvm.current_archive({spark_jvm.ARCHIVE_ENV: str(ARCHIVE)})
 
 
 def ensure_archive(timeout_s: float = 300) -> Path | None:
@@ -65,28 +44,14 @@ def ensure_archive(timeout_s: float = 300) -> Path | None:
     None when it cannot be made (a JDK without a base archive): the suite then runs without it."""
     if current_archive():
         return ARCHIVE
-    with open(f"{ARCHIVE}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two dumps starting at once: the second finds the first's
-        if current_archive():
-            return ARCHIVE
-        partial = ARCHIVE.with_suffix(".partial")
-        env = {
-            **os.environ,
-            "JDK_JAVA_OPTIONS": f"{C1_ONLY} -XX:ArchiveClassesAtExit={partial}",
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-        }
-        t0 = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-c", _DUMP_JOB], env=env, capture_output=True, text=True, timeout=timeout_s
-        )
-        if done.returncode != 0 or not partial.exists():
-            print(f"jvm: no class-data archive ({done.stderr[-300:].strip()})", file=sys.stderr)
-            return None
-        partial.rename(ARCHIVE)
-        print(f"jvm: dumped {ARCHIVE} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-        return ARCHIVE
+    t0 = time.monotonic()
+    try:
+        spark_jvm.dump_archive(ARCHIVE, timeout_s)  # two dumps at once wait for each other
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        print(f"jvm: no class-data archive ({e})", file=sys.stderr)
+        return None
+    print(f"jvm: dumped {ARCHIVE} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return ARCHIVE
 
 
 def java_options(archive: Path | None) -> str:
