@@ -73,8 +73,9 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# The demo's local Spark sessions map the class-data archive `make prepare` dumped (rmqs spark-archive).
 demo: prepare
-	$(PY) -m pyspark_rmqs.demo
+	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m pyspark_rmqs.demo
 
 docs: setup
 	$(VENV)/bin/mkdocs build --strict
@@ -84,6 +85,8 @@ bench: prepare
 	$(PY) -m bench.writer
 	$(PY) -m bench.consume
 	$(PY) -m bench.spark_read --memory
+	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read
+	$(PY) -m bench.airflow_read --no-archive --rounds 1
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.available_now
