@@ -18,6 +18,17 @@
 # Every command exits 0 when it did its job and says what it did; otherwise it exits non-zero with a
 # message (`status`: 3 when stopped). With RMQS_TEST_URI set, another broker is in use and this
 # script starts nothing.
+#
+# A cluster: `up --nodes N` (N >= 2; `down`, `restart`, `status`, `pids` and `ctl` take it too, and
+# otherwise use the count the last `up` recorded in $RMQS_BROKER_HOME/nodes) runs N nodes of the same
+# installation, rabbit1@localhost .. rabbitN@localhost, on loopback. Node i listens on stream
+# RMQS_STREAM_PORT+i-1 (5552-5554 for three), stream TLS RMQS_STREAM_TLS_PORT-(i-1) (5551-5549), AMQP
+# RMQS_AMQP_PORT+i-1, management RMQS_MANAGEMENT_PORT+i-1, Erlang distribution RMQS_AMQP_PORT+20000+i-1,
+# and advertises localhost and its own stream port (`stream.advertised_host` / `advertised_port`: the
+# Metadata command names nodes by them). The nodes share one epmd, which the script starts on its own
+# so that killing a node (`pids --node I`, then kill -9) leaves it running. `up` starts the nodes that
+# are not running, so after a node was killed it brings that node back. `status` prints every node and,
+# per stream of the default virtual host, its leader and replicas.
 set -euo pipefail
 
 HOME_DIR="${RMQS_BROKER_HOME:-/var/cache/rmqs-broker}"
@@ -27,12 +38,15 @@ TLS_PORT="${RMQS_STREAM_TLS_PORT:-5551}"
 AMQP_PORT="${RMQS_AMQP_PORT:-5672}"
 MGMT_PORT="${RMQS_MANAGEMENT_PORT:-15672}"
 EPMD_PORT="${RMQS_EPMD_PORT:-4369}"
-DIST_PORT=$((AMQP_PORT + 20000))  # Erlang distribution (RabbitMQ's default rule); CLI tools +10000
+DIST_BASE=$((AMQP_PORT + 20000))  # Erlang distribution (RabbitMQ's default rule); CLI tools +10000
+CTL_PORT_MIN=$((DIST_BASE + 10000))
 UID_BASE="${RMQS_BROKER_UID_BASE:-65536}"
 SERVICE_USER=rabbitmq
 ROOT="$HOME_DIR/trixie"          # the chroot (chroot mode only)
-PIDFILE="$HOME_DIR/broker.pid"
-LOG="$HOME_DIR/broker.log"
+NODES_FILE="$HOME_DIR/nodes"     # the node count of the last `up` (absent: one node)
+NODES=""                         # --nodes N, else RMQS_BROKER_NODES, else NODES_FILE, else 1
+NODE=""                          # the node functions work on: "" alone, 1..N in a cluster
+ONLY_NODE=""                     # `pids --node I` / `ctl --node I`
 
 log() { printf 'broker: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -47,9 +61,33 @@ case "${RMQS_BROKER_MODE:-}" in
 esac
 use_chroot() { [[ $MODE == chroot ]]; }
 
+# ---------------------------------------------------------------------------- nodes
+
+clustered() { [[ -n "$NODE" ]]; }
+node_offset() { if clustered; then echo $((NODE - 1)); else echo 0; fi; }
+node_name() { if clustered; then echo "rabbit$NODE@localhost"; else echo rabbit@localhost; fi; }
+node_short() { local n; n="$(node_name)"; echo "${n%@*}"; }
+stream_port() { echo $((STREAM_PORT + $(node_offset))); }
+tls_port() { echo $((TLS_PORT - $(node_offset))); }
+amqp_port() { echo $((AMQP_PORT + $(node_offset))); }
+mgmt_port() { echo $((MGMT_PORT + $(node_offset))); }
+dist_port() { echo $((DIST_BASE + $(node_offset))); }
+pidfile() { if clustered; then echo "$HOME_DIR/broker-$NODE.pid"; else echo "$HOME_DIR/broker.pid"; fi; }
+logfile() { if clustered; then echo "$HOME_DIR/broker-$NODE.log"; else echo "$HOME_DIR/broker.log"; fi; }
+
+recorded_nodes() { local n=1; if [[ -r "$NODES_FILE" ]]; then n="$(tr -dc 0-9 <"$NODES_FILE")"; fi; echo "${n:-1}"; }
+# The node numbers to work on, one a line: an empty line (one node, the historical layout) or 1..N.
+node_list() { if (( NODES > 1 )); then seq 1 "$NODES"; else echo ""; fi; }
+# The same as an array, in NODE_LIST (a for loop over "$(node_list)" would skip the empty one).
+load_nodes() { mapfile -t NODE_LIST < <(node_list); }
+
 # The node directory as the broker sees it, and as the host sees it.
-node_dir() { if use_chroot; then echo /rmqs; else echo "$HOME_DIR/node"; fi; }
-node_dir_host() { if use_chroot; then echo "$ROOT/rmqs"; else echo "$HOME_DIR/node"; fi; }
+node_dir() {
+    local d; if use_chroot; then d=/rmqs; else d="$HOME_DIR/node"; fi
+    if clustered; then d="$d/node$NODE"; fi
+    echo "$d"
+}
+node_dir_host() { if use_chroot; then echo "$ROOT$(node_dir)"; else node_dir; fi; }
 # The test CA and certificates, as the broker sees them and as the host sees them.
 tls_dir() { if use_chroot; then echo /tls; else echo "$HOME_DIR/tls"; fi; }
 tls_dir_host() { if use_chroot; then echo "$ROOT/tls"; else echo "$HOME_DIR/tls"; fi; }
@@ -70,9 +108,9 @@ broker_env() { # one VAR=value per line (values may hold spaces)
     local n p; n="$(node_dir)"; p="$(plugins_dir)"
     # HOME is the rabbitmq user's: Debian's CLI wrappers read the Erlang cookie from there.
     printf '%s\n' HOME=/var/lib/rabbitmq PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-        RABBITMQ_NODENAME=rabbit@localhost ERL_EPMD_ADDRESS=127.0.0.1 ERL_EPMD_PORT="$EPMD_PORT" \
-        RABBITMQ_DIST_PORT="$DIST_PORT" RABBITMQ_CTL_DIST_PORT_MIN=$((DIST_PORT + 10000)) \
-        RABBITMQ_CTL_DIST_PORT_MAX=$((DIST_PORT + 10010)) \
+        RABBITMQ_NODENAME="$(node_name)" ERL_EPMD_ADDRESS=127.0.0.1 ERL_EPMD_PORT="$EPMD_PORT" \
+        RABBITMQ_DIST_PORT="$(dist_port)" RABBITMQ_CTL_DIST_PORT_MIN="$CTL_PORT_MIN" \
+        RABBITMQ_CTL_DIST_PORT_MAX=$((CTL_PORT_MIN + 10)) \
         RABBITMQ_CONFIG_FILE="$n/rabbitmq.conf" \
         RABBITMQ_ENABLED_PLUGINS_FILE="$n/enabled_plugins" \
         RABBITMQ_PLUGINS_DIR="$p" \
@@ -189,6 +227,17 @@ ensure_chroot_user() {
 
 install_chroot() {
     [[ -x "$ROOT/usr/sbin/rabbitmq-server" ]] && return 0
+    # A second broker (the cluster test tier's, say) may copy an installed chroot instead of running
+    # debootstrap: RMQS_BROKER_COPY_FROM=/var/cache/rmqs-broker/trixie. Its node data (/rmqs) stays out.
+    local from="${RMQS_BROKER_COPY_FROM:-}"
+    if [[ -n "$from" && -x "$from/usr/sbin/rabbitmq-server" && ! "$from" -ef "$ROOT" ]]; then
+        log "copying the installed chroot $from to $ROOT"
+        as_root rm -rf --one-file-system "$ROOT.partial"
+        as_root cp -a --one-file-system "$from" "$ROOT.partial" || die "copying $from failed"
+        as_root rm -rf --one-file-system "$ROOT.partial/rmqs"
+        as_root mv "$ROOT.partial" "$ROOT"
+        return 0
+    fi
     command -v debootstrap >/dev/null || { log "installing debootstrap"; apt_install debootstrap; }
     local tmp="$ROOT.partial"
     if [[ -d "$tmp" ]]; then umount_proc "$tmp"; as_root rm -rf --one-file-system "$tmp"; fi
@@ -341,27 +390,37 @@ CNF
 write_config() {
     local n t ids; n="$(node_dir_host)"; t="$(tls_dir)"; ids="$(service_ids)"
     as_root mkdir -p "$n/mnesia" "$n/log"
-    cat <<CONF | as_root tee "$n/rabbitmq.conf" >/dev/null
-listeners.tcp.1 = 127.0.0.1:$AMQP_PORT
-stream.listeners.tcp.1 = 127.0.0.1:$STREAM_PORT
-stream.listeners.ssl.1 = 127.0.0.1:$TLS_PORT
+    {
+        cat <<CONF
+listeners.tcp.1 = 127.0.0.1:$(amqp_port)
+stream.listeners.tcp.1 = 127.0.0.1:$(stream_port)
+stream.listeners.ssl.1 = 127.0.0.1:$(tls_port)
 stream.advertised_host = localhost
-stream.advertised_port = $STREAM_PORT
-stream.advertised_tls_port = $TLS_PORT
+stream.advertised_port = $(stream_port)
+stream.advertised_tls_port = $(tls_port)
 ssl_options.cacertfile = $t/ca.pem
 ssl_options.certfile = $t/server.pem
 ssl_options.keyfile = $t/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
 management.tcp.ip = 127.0.0.1
-management.tcp.port = $MGMT_PORT
+management.tcp.port = $(mgmt_port)
 loopback_users = none
 log.console = true
 log.console.level = warning
 log.file = false
 CONF
+        if clustered; then
+            # Every node knows the others: the first boot forms the cluster (peer discovery), later
+            # boots rejoin it.
+            echo "cluster_formation.peer_discovery_backend = classic_config"
+            local i; for ((i = 1; i <= NODES; i++)); do
+                echo "cluster_formation.classic_config.nodes.$i = rabbit$i@localhost"
+            done
+        fi
+    } | as_root tee "$n/rabbitmq.conf" >/dev/null
     echo '[rabbitmq_management,rabbitmq_stream,rabbitmq_stream_management].' | as_root tee "$n/enabled_plugins" >/dev/null
-    # Erlang distribution (CLI tools <-> node) on loopback only, like every other listener.
+    # Erlang distribution (CLI tools <-> node, node <-> node) on loopback only, like every other listener.
     echo '[{kernel, [{inet_dist_use_interface, {127,0,0,1}}]}].' | as_root tee "$n/advanced.config" >/dev/null
     as_root chown -R "$ids" "$n"
 }
@@ -373,17 +432,18 @@ CONF
 # whose root is ours and whose environment or command line holds this node's RABBITMQ_CONFIG_FILE
 # (broker_env gives it to the broker, its epmd and the CLI tools; runuser has it in its arguments):
 # neither another broker on this host nor one in a chroot (whose root differs) is ever taken for ours.
-# Runs in one `bash -c` as root: other users' /proc entries are readable by root only.
+# Markers ($3...): when given, only processes whose environment or command line holds one of them,
+# in either mode (one node of a cluster: its RABBITMQ_CONFIG_FILE). Runs in one `bash -c` as root:
+# other users' /proc entries are readable by root only.
 scan_pids() {
-    local mode="$1" target="$2" node="$3" p f
-    if [[ $mode == chroot ]]; then
+    local target="$1" p f; shift
+    if (( $# == 0 )); then
         for p in /proc/[0-9]*; do
             if [[ "$p/root" -ef "$target" ]]; then echo "${p#/proc/}"; fi
         done
     else
-        # The pattern comes from a file, so that no command line here equals it (grep's would).
-        grep -lsFzx -f <(printf 'RABBITMQ_CONFIG_FILE=%s/rabbitmq.conf\n' "$node") \
-                /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null \
+        # The patterns come from a file, so that no command line here equals one (grep's would).
+        grep -lsFzx -f <(printf '%s\n' "$@") /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null \
             | while IFS= read -r f; do
                 p="${f%/*}"
                 if [[ "$p/root" -ef "$target" ]]; then echo "${p#/proc/}"; fi
@@ -392,11 +452,27 @@ scan_pids() {
     return 0
 }
 
+# The environment entry that marks the processes of the node $NODE ("" alone) as ours.
+node_marker() { echo "RABBITMQ_CONFIG_FILE=$(node_dir)/rabbitmq.conf"; }
+# ... and the epmd a cluster shares (started by the script, not by a node: it outlives a killed node).
+epmd_marker() { echo "RMQS_BROKER_EPMD=$HOME_DIR"; }
+
 ours_pids() {
     local target=/; if use_chroot; then target="$ROOT"; fi
     [[ -d "$target" ]] || return 0
-    as_root bash -c "$(declare -f scan_pids); scan_pids \"\$@\"" scan_pids "$MODE" "$target" "$(node_dir)" || true
+    local -a markers=()
+    if [[ -n "$ONLY_NODE" ]]; then
+        markers=("$(NODE="$ONLY_NODE" node_marker)")
+    elif ! use_chroot; then
+        local i NODE_LIST; load_nodes
+        for i in "${NODE_LIST[@]}"; do markers+=("$(NODE="$i" node_marker)"); done
+        if (( NODES > 1 )); then markers+=("$(epmd_marker)"); fi
+    fi
+    as_root bash -c "$(declare -f scan_pids); scan_pids \"\$@\"" scan_pids "$target" "${markers[@]}" || true
 }
+
+# The pids of node $1's processes (every node's when $1 is empty).
+node_pids() { ONLY_NODE="$1" ours_pids; }
 
 # The pids among $@ whose command is $1 (e.g. beam.smp, epmd).
 pids_named() {
@@ -408,7 +484,7 @@ pids_named() {
     return 0
 }
 
-running() { as_rabbit rabbitmqctl -q -t 5 await_startup >/dev/null 2>&1; }
+running() { as_rabbit rabbitmqctl -q -n "$(node_name)" -t 5 await_startup >/dev/null 2>&1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -435,70 +511,158 @@ mode_text() {
 
 # ---------------------------------------------------------------------------- commands
 
+# The node count: --nodes, else RMQS_BROKER_NODES, else what the last `up` recorded, else 1.
+resolve_nodes() {
+    if [[ -z "$NODES" ]]; then NODES="${RMQS_BROKER_NODES:-}"; fi
+    if [[ -z "$NODES" ]]; then NODES="$(recorded_nodes)"; fi
+    [[ "$NODES" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number of nodes from 1 to 99, not '$NODES'"
+}
+
 cmd_up() {
     if [[ -n "${RMQS_TEST_URI:-}" ]]; then log "RMQS_TEST_URI is set: using that broker, starting nothing"; return 0; fi
     as_root mkdir -p "$HOME_DIR"
     lock
     if use_chroot; then install_chroot; else install_host; fi
-    local -a pids; mapfile -t pids < <(ours_pids)
+    local was; was="$(recorded_nodes)"
+    if [[ "$was" != "$NODES" && -n "$(NODES=$was ours_pids)" ]]; then
+        die "a broker of $was node(s) of ours runs in $HOME_DIR: run $0 down first (then up --nodes $NODES)"
+    fi
+    if use_chroot; then ensure_chroot_user; fi
+    make_tls
+    echo "$NODES" | as_root tee "$NODES_FILE" >/dev/null
+    if use_chroot && ! mountpoint -q "$ROOT/proc"; then as_root mount -t proc proc "$ROOT/proc"; fi
+    if (( NODES > 1 )); then start_epmd; fi
+    local -a started=() NODE_LIST; load_nodes
+    for NODE in "${NODE_LIST[@]}"; do
+        if start_node; then started+=("$NODE"); fi
+    done
+    for NODE in "${started[@]}"; do await_node; done
+    NODE=""
+    if (( NODES > 1 )); then
+        await_cluster
+        log "up: $NODES nodes, stream 127.0.0.1:$STREAM_PORT-$((STREAM_PORT + NODES - 1)), management http://127.0.0.1:$MGMT_PORT (guest/guest), epmd :$EPMD_PORT"
+    elif (( ${#started[@]} )); then
+        log "up: stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT, amqp :$AMQP_PORT, management http://127.0.0.1:$MGMT_PORT (guest/guest), epmd :$EPMD_PORT"
+    fi
+    if (( ${#started[@]} )); then log "test CA: $(tls_dir_host)/ca.pem (client certificate: client.pem, client.key)"; fi
+}
+
+# A cluster's epmd, started once by the script (a node would start its own, which would then die with
+# that node when a fault test kills it).
+start_epmd() {
+    if [[ -n "$(epmd_pids)" ]]; then return 0; fi
+    if port_open "$EPMD_PORT"; then die "port $EPMD_PORT (epmd) is in use by something this script did not start: give this cluster its own RMQS_EPMD_PORT"; fi
+    local -a envs=(HOME=/var/lib/rabbitmq PATH=/usr/sbin:/usr/bin:/sbin:/bin "$(epmd_marker)")
+    if use_chroot; then
+        as_root chroot --userspec="$SERVICE_USER:$SERVICE_USER" "$ROOT" env -i "${envs[@]}" \
+            epmd -address 127.0.0.1 -port "$EPMD_PORT" -daemon 9>&- </dev/null
+    else
+        as_root runuser -u "$SERVICE_USER" -- env -i "${envs[@]}" \
+            epmd -address 127.0.0.1 -port "$EPMD_PORT" -daemon 9>&- </dev/null
+    fi
+}
+
+epmd_pids() {
+    local target=/; if use_chroot; then target="$ROOT"; fi
+    as_root bash -c "$(declare -f scan_pids); scan_pids \"\$@\"" scan_pids "$target" "$(epmd_marker)" || true
+}
+
+# Start node $NODE unless it runs; returns 1 when it was running already (0: started).
+start_node() {
+    local -a pids; mapfile -t pids < <(node_pids "$NODE")
+    local what="the broker"; if clustered; then what="node $(node_name)"; fi
     if (( ${#pids[@]} )); then
         if running; then
-            log "already running ($(mode_text); pids ${pids[*]}): nothing to do"
-            port_open "$TLS_PORT" || log "no TLS listener on 127.0.0.1:$TLS_PORT: it was started with an older configuration; restart it with: $0 restart"
+            log "$what is already running ($(mode_text); pids ${pids[*]}): nothing to do"
+            port_open "$(tls_port)" || log "no TLS listener on 127.0.0.1:$(tls_port): it was started with an older configuration; restart it with: $0 restart"
             if use_chroot; then
                 local ids why; ids="$(service_ids)"; why="$(chroot_id_problem "${ids%%:*}" "${ids#*:}")"
                 if [[ -n "$why" ]]; then log "warning: the broker runs as uid ${ids%%:*} and $why; $0 restart moves it to a free uid"; fi
             fi
-            return 0
+            return 1
         fi
         if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
-            die "a broker of ours is running but does not answer (pids ${pids[*]}, see $LOG): run $0 restart"
+            die "$what of ours is running but does not answer (pids ${pids[*]}, see $(logfile)): run $0 restart"
         fi
         # e.g. an epmd that a CLI call (`ctl`) started while the broker was down
         log "stopping processes of ours left over from an earlier run (no broker among them): ${pids[*]}"
-        terminate_ours
+        ONLY_NODE="$NODE" terminate_ours
     fi
-    if use_chroot; then ensure_chroot_user; fi
-    make_tls
     local port
-    for port in "$STREAM_PORT" "$TLS_PORT" "$AMQP_PORT" "$MGMT_PORT" "$DIST_PORT"; do
+    for port in "$(stream_port)" "$(tls_port)" "$(amqp_port)" "$(mgmt_port)" "$(dist_port)"; do
         if port_open "$port"; then die "port $port is in use by something this script did not start (set RMQS_TEST_URI to use another broker, or give this one other RMQS_*_PORT values)"; fi
     done
-    if grep -qx rabbit <<<"$(epmd_names)"; then
-        die "the epmd on 127.0.0.1:$EPMD_PORT already knows a node named rabbit, from a broker this script did not start: give this one its own RMQS_EPMD_PORT"
+    if ! clustered && grep -qx "$(node_short)" <<<"$(epmd_names)"; then
+        die "the epmd on 127.0.0.1:$EPMD_PORT already knows a node named $(node_short), from a broker this script did not start: give this one its own RMQS_EPMD_PORT"
     fi
     write_config
     if ! use_chroot && ! as_rabbit test -w "$(node_dir)/mnesia" 2>/dev/null; then
         die "the service user $SERVICE_USER cannot write $(node_dir): every folder above it must be searchable by that user (chmod o+x)"
     fi
-    if use_chroot && ! mountpoint -q "$ROOT/proc"; then as_root mount -t proc proc "$ROOT/proc"; fi
     local ids; ids="$(service_ids)"
-    log "starting RabbitMQ $(broker_version_pkg) ($(mode_text); user $SERVICE_USER, uid ${ids%%:*}) on 127.0.0.1:$STREAM_PORT"
+    log "starting RabbitMQ $(broker_version_pkg) ($(mode_text); user $SERVICE_USER, uid ${ids%%:*})$(if clustered; then echo " node $(node_name)"; fi) on 127.0.0.1:$(stream_port)"
     # setsid + closed lock fd: the broker must not hold our lock or terminal.
     local -a envs; mapfile -t envs < <(broker_env)
     if use_chroot; then
         setsid chroot --userspec="$SERVICE_USER:$SERVICE_USER" "$ROOT" env -i "${envs[@]}" \
-            /usr/sbin/rabbitmq-server >"$LOG" 2>&1 9>&- </dev/null &
+            /usr/sbin/rabbitmq-server >"$(logfile)" 2>&1 9>&- </dev/null &
     else
         setsid runuser -u "$SERVICE_USER" -- env -i "${envs[@]}" \
-            /usr/sbin/rabbitmq-server >"$LOG" 2>&1 9>&- </dev/null &
+            /usr/sbin/rabbitmq-server >"$(logfile)" 2>&1 9>&- </dev/null &
     fi
-    local pid=$!
-    echo "$pid" | as_root tee "$PIDFILE" >/dev/null
-    local deadline=$((SECONDS + 120))
-    until running && port_open "$STREAM_PORT" && port_open "$TLS_PORT"; do
+    echo "$!" | as_root tee "$(pidfile)" >/dev/null
+    return 0
+}
+
+# Wait for node $NODE (started by start_node) to boot: 120 s for one node, 180 s in a cluster.
+await_node() {
+    local pid; pid="$(cat "$(pidfile)")"
+    local limit=120; if clustered; then limit=180; fi
+    local deadline=$((SECONDS + limit)) what="the broker"; if clustered; then what="node $(node_name)"; fi
+    until running && port_open "$(stream_port)" && port_open "$(tls_port)"; do
         if ! kill -0 "$pid" 2>/dev/null; then
-            tail -30 "$LOG" >&2 || true; die "the broker exited during boot, see $LOG"
+            tail -30 "$(logfile)" >&2 || true; die "$what exited during boot, see $(logfile)"
         fi
-        if (( SECONDS >= deadline )); then tail -30 "$LOG" >&2 || true; die "the broker did not boot within 120 s, see $LOG"; fi
+        if (( SECONDS >= deadline )); then tail -30 "$(logfile)" >&2 || true; die "$what did not boot within $limit s, see $(logfile)"; fi
         sleep 1
     done
-    log "up: stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT, amqp :$AMQP_PORT, management http://127.0.0.1:$MGMT_PORT (guest/guest), epmd :$EPMD_PORT"
-    log "test CA: $(tls_dir_host)/ca.pem (client certificate: client.pem, client.key)"
+    if clustered; then log "node $(node_name) is up: stream 127.0.0.1:$(stream_port), stream TLS :$(tls_port), amqp :$(amqp_port), management :$(mgmt_port)"; fi
+}
+
+# The nodes rabbit1@localhost sees running (one a line).
+running_nodes() {
+    NODE=1 as_rabbit rabbitmqctl -q -n rabbit1@localhost -t 10 eval \
+        'io:format("~s~n", [string:join([atom_to_list(N) || N <- rabbit_nodes:list_running()], "\n")]).' 2>/dev/null \
+        | grep '@' || true
+}
+
+# Every node in one cluster: peer discovery forms it at the first boot; a node that booted alone
+# (its data from another cluster, say) is joined to rabbit1 here.
+await_cluster() {
+    local deadline=$((SECONDS + 60)) i
+    while true; do
+        local -a up; mapfile -t up < <(running_nodes)
+        (( ${#up[@]} >= NODES )) && return 0
+        if (( SECONDS >= deadline )); then
+            for ((i = 2; i <= NODES; i++)); do
+                if ! printf '%s\n' "${up[@]}" | grep -qx "rabbit$i@localhost"; then
+                    log "joining rabbit$i@localhost to rabbit1@localhost"
+                    NODE=$i as_rabbit rabbitmqctl -q -n "rabbit$i@localhost" stop_app >/dev/null
+                    NODE=$i as_rabbit rabbitmqctl -q -n "rabbit$i@localhost" join_cluster rabbit1@localhost >/dev/null \
+                        || die "rabbit$i@localhost could not join rabbit1@localhost, see $(NODE=$i logfile)"
+                    NODE=$i as_rabbit rabbitmqctl -q -n "rabbit$i@localhost" start_app >/dev/null
+                fi
+            done
+            mapfile -t up < <(running_nodes)
+            (( ${#up[@]} >= NODES )) && return 0
+            die "the cluster has ${#up[@]} running node(s) of $NODES (${up[*]}), see $HOME_DIR/broker-*.log"
+        fi
+        sleep 1
+    done
 }
 
 # SIGTERM to every process of ours still there (epmd, a node that did not stop), SIGKILL after 10 s;
-# fails when one survives.
+# fails when one survives. Only node $ONLY_NODE's when set.
 terminate_ours() {
     local -a left; local sig i
     for sig in TERM KILL; do
@@ -525,23 +689,30 @@ cmd_down() {
     local -a pids left; mapfile -t pids < <(ours_pids)
     if (( ${#pids[@]} == 0 )); then
         if use_chroot; then umount_proc "$ROOT"; fi
-        as_root rm -f "$PIDFILE"
+        local -a NODE_LIST; load_nodes
+        for NODE in "${NODE_LIST[@]}"; do as_root rm -f "$(pidfile)"; done; NODE=""
         log "down: no broker process of ours was running ($(mode_text)), nothing to stop"
         return 0
     fi
-    log "stopping RabbitMQ (pids ${pids[*]})"
+    log "stopping RabbitMQ$(if (( NODES > 1 )); then echo " ($NODES nodes)"; fi) (pids ${pids[*]})"
     local i
-    if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
-        as_rabbit rabbitmqctl -q -t 30 stop >/dev/null 2>&1 || log "rabbitmqctl stop failed: terminating the processes instead"
-        for ((i = 0; i < 60; i++)); do  # the node exits a moment after `stop` returns
-            mapfile -t left < <(ours_pids)
-            if [[ -z "$(pids_named beam.smp "${left[@]}")" ]]; then break; fi
-            sleep 0.25
-        done
-    fi
+    # A cluster stops its last node first and rabbit1 last: the next `up` boots them together anyway.
+    local -a NODE_LIST; mapfile -t NODE_LIST < <(node_list | sort -rn)
+    for NODE in "${NODE_LIST[@]}"; do
+        local -a mine; mapfile -t mine < <(node_pids "$NODE")
+        if [[ -n "$(pids_named beam.smp "${mine[@]}")" ]]; then
+            as_rabbit rabbitmqctl -q -n "$(node_name)" -t 30 stop >/dev/null 2>&1 || log "rabbitmqctl stop $(node_name) failed: terminating the processes instead"
+            for ((i = 0; i < 60; i++)); do  # the node exits a moment after `stop` returns
+                mapfile -t left < <(node_pids "$NODE")
+                if [[ -z "$(pids_named beam.smp "${left[@]}")" ]]; then break; fi
+                sleep 0.25
+            done
+        fi
+        as_root rm -f "$(pidfile)"
+    done
+    NODE=""
     terminate_ours
     if use_chroot; then umount_proc "$ROOT"; fi
-    as_root rm -f "$PIDFILE"
     log "down: stopped pids ${pids[*]}; no broker or epmd process of ours is left"
 }
 
@@ -556,12 +727,42 @@ cmd_status() {
         echo "stopped: no broker of ours is running ($(mode_text), $HOME_DIR); left over: pids ${pids[*]} ($0 down stops them)"
         return 3
     fi
+    if (( NODES > 1 )); then cluster_status; return; fi
     if running; then
         echo "running: RabbitMQ $(broker_version_pkg) ($(mode_text)), pid $beam, stream 127.0.0.1:$STREAM_PORT, stream TLS 127.0.0.1:$TLS_PORT$(port_open "$TLS_PORT" || echo ' (not listening: restart)')"
         return 0
     fi
-    echo "not answering: processes of ours run (pids ${pids[*]}) but the node does not answer; see $LOG or run $0 restart"
+    echo "not answering: processes of ours run (pids ${pids[*]}) but the node does not answer; see $(logfile) or run $0 restart"
     return 1
+}
+
+# A cluster's status: one line per node, then per stream of the default virtual host its leader and
+# replicas (asked from the first node that answers). Exit 0 when every node runs, 1 otherwise.
+cluster_status() {
+    local ok=0 asker="" state beam
+    echo "cluster of $NODES nodes: RabbitMQ $(broker_version_pkg) ($(mode_text), $HOME_DIR)"
+    local -a NODE_LIST; load_nodes
+    for NODE in "${NODE_LIST[@]}"; do
+        local -a mine; mapfile -t mine < <(node_pids "$NODE")
+        beam="$(pids_named beam.smp "${mine[@]}" | xargs)"
+        if [[ -z "$beam" ]]; then state="stopped"; ok=1
+        elif running; then state="running, pid $beam"; asker="${asker:-$NODE}"
+        else state="not answering (pids ${mine[*]})"; ok=1; fi
+        echo "node $(node_name): $state, stream 127.0.0.1:$(stream_port), stream TLS :$(tls_port), amqp :$(amqp_port), management :$(mgmt_port)"
+    done
+    NODE=""
+    if [[ -z "$asker" ]]; then return 1; fi
+    local out
+    out="$(NODE=$asker as_rabbit rabbitmqctl -q -n "rabbit$asker@localhost" -t 20 list_queues \
+        --no-table-headers name type leader members 2>/dev/null)" || { echo "streams: rabbit$asker@localhost did not list them"; return 1; }
+    # rabbitmqctl prints members as [rabbit1@localhost, rabbit2@localhost]; replicas are the others.
+    awk -F'\t' '$2 == "stream" {
+            n++; members = $4; gsub(/[][ ]/, "", members); split(members, m, ",")
+            replicas = ""; for (i in m) if (m[i] != $3) replicas = replicas (replicas == "" ? "" : " ") m[i]
+            printf "stream %s: leader %s, replicas %s\n", $1, $3, (replicas == "" ? "(none)" : replicas)
+        }
+        END { if (!n) print "streams: none in virtual host /" }' <<<"$out"
+    return "$ok"
 }
 
 # The host path of the tls folder (ca.pem, client.pem, client.key, ...); fails when `up` has not made it.
@@ -579,16 +780,33 @@ cmd_install() {
     log "installed: RabbitMQ $(broker_version_pkg) ($(mode_text)); nothing started"
 }
 
-case "${1:-}" in
-    up) cmd_up ;;
-    install) cmd_install ;;
-    down) cmd_down ;;
-    restart) cmd_down; cmd_up ;;  # a real process restart (the fault-injection tests use it)
-    status) cmd_status ;;
+CMD="${1:-}"; if (( $# )); then shift; fi
+ARGS=()
+while (( $# )); do
+    case "$1" in
+        --nodes) NODES="${2:-}"; shift 2 || die "--nodes needs a number" ;;
+        --nodes=*) NODES="${1#--nodes=}"; shift ;;
+        --node) ONLY_NODE="${2:-}"; shift 2 || die "--node needs a node number" ;;
+        --node=*) ONLY_NODE="${1#--node=}"; shift ;;
+        *) ARGS=("$@"); break ;;
+    esac
+done
+resolve_nodes
+if [[ -n "$ONLY_NODE" ]] && ! { [[ "$ONLY_NODE" =~ ^[0-9]+$ ]] && (( ONLY_NODE >= 1 && ONLY_NODE <= NODES && NODES > 1 )); }; then
+    die "--node must be a node number from 1 to $NODES of a cluster (up --nodes N), not '$ONLY_NODE'"
+fi
+# ctl/streams/plugins talk to one node: --node I, else the first.
+if [[ -n "$ONLY_NODE" ]]; then NODE="$ONLY_NODE"; elif (( NODES > 1 )); then NODE=1; fi
+case "$CMD" in
+    up) NODE=""; cmd_up ;;
+    install) NODE=""; cmd_install ;;
+    down) NODE=""; cmd_down ;;
+    restart) NODE=""; cmd_down; cmd_up ;;  # a real process restart (the fault-injection tests use it)
+    status) NODE=""; cmd_status ;;
     pids) ours_pids ;;
     tls-dir) cmd_tls_dir ;;
-    ctl) shift; as_rabbit rabbitmqctl "$@" ;;
-    streams) shift; as_rabbit rabbitmq-streams "$@" ;;
-    plugins) shift; as_rabbit rabbitmq-plugins "$@" ;;
-    *) echo "usage: $0 up|down|restart|status|pids|tls-dir|install|ctl ARGS|streams ARGS|plugins ARGS" >&2; exit 2 ;;
+    ctl) as_rabbit rabbitmqctl -n "$(node_name)" "${ARGS[@]}" ;;
+    streams) as_rabbit rabbitmq-streams -n "$(node_name)" "${ARGS[@]}" ;;
+    plugins) as_rabbit rabbitmq-plugins -n "$(node_name)" "${ARGS[@]}" ;;
+    *) echo "usage: $0 up|down|restart|status|pids|tls-dir|install|ctl ARGS|streams ARGS|plugins ARGS [--nodes N] [--node I]" >&2; exit 2 ;;
 esac
