@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup prepare java test test-unit test-containers soak lint broker-up broker-down broker-status demo bench docs dist lock clean
+.PHONY: setup prepare java test test-unit test-containers soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
 
 setup: java $(STAMP)
 
@@ -29,7 +29,7 @@ java:
 # same time (each waits on the network or dpkg most of the time; apt-get calls take turns on a lock).
 # The class-data archive of Spark's classes halves the CPU of each JVM the suite starts (tests/support/jvm.py).
 prepare:
-	@$(MAKE) --no-print-directory -j3 setup broker-up $(JVM_ARCHIVE)
+	@$(MAKE) --no-print-directory -j3 setup broker-up $(JVM_ARCHIVE) restartable-broker-up
 
 JVM_ARCHIVE := $(VENV)/rmqs-spark-classes.jsa
 $(JVM_ARCHIVE): $(STAMP) | java
@@ -40,13 +40,19 @@ broker-up:
 
 broker-down:
 	@bash scripts/broker.sh down
+	@test ! -x $(PY) || $(PY) -m tests.support.broker restartable down
+
+# The suite's second broker (tests/support/broker.py): the tests that stop, restart or pause a broker
+# use it, beside the others. A copy of the first broker's installation, its own ports and epmd.
+restartable-broker-up: broker-up $(STAMP)
+	@$(PY) -m tests.support.broker restartable up
 
 broker-status:
 	@bash scripts/broker.sh status
 
-# Two phases (scripts/test.sh): the tests that leave the broker alone (on TEST_WORKERS pytest-xdist
-# workers when above 1), then the broker-fault tests alone with the unit tier beside them; it ends
-# with the slowest 15 tests, the time per tier and the machine's CPU.
+# scripts/test.sh: every test on TEST_WORKERS pytest-xdist workers (the broker-fault tests on the
+# second broker, one after the other), then any `serial` test alone; it ends with the slowest 15
+# tests, the time per tier and the machine's CPU.
 TEST_WORKERS ?= 3
 test: prepare
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""Fault tests stop and restart the local broker: they need one this run started (not RMQS_TEST_URI)."""
+"""Fault tests that stop, restart or pause a broker do it to the second local one (not RMQS_TEST_URI)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tests.support.broker import BrokerSettings
 
 
 @pytest.fixture
-def restartable(broker: BrokerSettings) -> Iterator[BrokerSettings]:
-    """The local broker, which the test may restart; it is running again when the test ends."""
-    if broker.external:
-        pytest.skip("RMQS_TEST_URI points at a broker these tests must not restart")
-    yield broker
+def restartable(restartable_broker: BrokerSettings) -> Iterator[BrokerSettings]:
+    """The second local broker (`restartable_broker`), which the test may stop, restart or pause; it
+    is running again when the test ends. A file using it overrides `broker` with it too, so that
+    `streams` makes the test's streams there."""
+    yield restartable_broker
     broker_up()  # a no-op when it is running

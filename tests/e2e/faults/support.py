@@ -12,21 +12,28 @@ import psutil
 
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
-from tests.support.broker import BrokerSettings, broker_sh
+from tests.support.broker import RESTARTABLE_ENV, BrokerSettings, broker_sh
 from tests.support.data import conn_of
 
 
 def _broker_sh(command: str, timeout_s: float) -> None:
-    done = broker_sh(command, timeout=timeout_s)
+    done = broker_sh(command, timeout=timeout_s, env=RESTARTABLE_ENV)
     assert done.returncode == 0, f"broker.sh {command} failed ({done.returncode}): {done.stderr[-2000:]}"
 
 
 def broker_down() -> None:
+    """Stop the second broker (`restartable_broker`), the one the restart tests may stop."""
     _broker_sh("down", 120)
 
 
 def broker_up() -> None:
     _broker_sh("up", 300)
+
+
+def broker_pids() -> list[int]:
+    """The processes of the second broker (`restartable_broker`), for SIGSTOP and SIGCONT."""
+    done = broker_sh("pids", env=RESTARTABLE_ENV)
+    return [int(p) for p in done.stdout.split()]
 
 
 def connections(port: int) -> set[tuple[int, int]]:

@@ -1,13 +1,16 @@
 """The broker restarted (a real process restart) in the middle of a batch read, a streaming query
 and a write: reads resume where they stopped, writes re-send what was unconfirmed, nothing is lost
-and, with a producer name, nothing is duplicated."""
+and, with a producer name, nothing is duplicated.
+
+The broker these tests restart is the second local one (`restartable_broker`): `broker` below is
+it, so `streams` makes their streams there, and the tests other workers run meanwhile never see it
+go down."""
 
 from __future__ import annotations
 
 import base64
 import json
 import logging
-import os
 import threading
 import time
 import urllib.request
@@ -36,6 +39,11 @@ from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of, publish, spark_options
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+@pytest.fixture
+def broker(restartable_broker: BrokerSettings) -> BrokerSettings:
+    return restartable_broker
 
 
 def _paced(rows: int, delay_s: float, started: Path):  # type: ignore[no-untyped-def]
@@ -70,8 +78,7 @@ class SubscriptionWatch(threading.Thread):
         self.stop_event = threading.Event()
 
     def poll(self) -> list[dict[str, Any]]:
-        port = os.environ.get("RMQS_MANAGEMENT_PORT", "15672")
-        req = urllib.request.Request(f"http://{self.b.host}:{port}/api/stream/consumers")
+        req = urllib.request.Request(f"http://{self.b.host}:{self.b.management_port}/api/stream/consumers")
         token = base64.b64encode(f"{self.b.username}:{self.b.password}".encode()).decode()
         req.add_header("Authorization", f"Basic {token}")
         with urllib.request.urlopen(req, timeout=5) as answer:
