@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from pyspark_rmqs import committed, consume, jobs
 from pyspark_rmqs.errors import CommitState, ConsumerBusyError
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
+from tests.e2e.faults.airflow_job import XCOM
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import conn_of, publish
 from tests.support.s3 import S3Server
@@ -211,3 +213,76 @@ def test_two_tries_of_one_consume_run_into_s3_at_once_write_every_offset_once(
     assert committed_offsets(out, s3) == expected
     assert listed_offsets(bucket, "orders", s3) == expected
     assert len([k for k in s3.keys(bucket, "orders/_rmqs_commits/") if k.endswith(".json")]) == 1
+
+
+@pytest.mark.airflow
+@pytest.mark.parametrize("kill", ["sink", "commit"])
+def test_an_airflow_consume_task_into_s3_killed_after_its_sink_then_retried_finds_every_offset_once(
+    broker: BrokerSettings, streams: StreamFactory, s3: S3Server, tmp_path: Path, kill: str
+) -> None:
+    """`RabbitMQStreamConsumeOperator(output_path="s3://...", output_conn_id=...)`, the output's
+    credentials in an `aws`-style Airflow connection from the environment: the task process
+    SIGKILLed after its first object (`sink`) or after its commit (`commit`), retried in a fresh
+    process; every (stream, offset) once, and the credentials in neither the XCom value nor the
+    task's output."""
+    name, parts = streams.super_stream(2)
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(N)])
+    bucket = s3.new_bucket()
+    out = f"s3://{bucket}/orders"
+    home = tmp_path / "airflow_home"
+    home.mkdir()
+    lake = {
+        "conn_type": "aws",
+        "login": s3.key,
+        "password": s3.secret,
+        "extra": {"endpoint_url": s3.endpoint, "region_name": s3.region},
+    }
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW_CONN_RMQS_FAULTS": broker.uri,
+        "AIRFLOW_CONN_LAKE_S3": json.dumps(lake),
+    }
+    cfg = {
+        "operator": "consume",
+        "conn_id": "rmqs_faults",
+        "output_conn_id": "lake_s3",
+        "superstream": name,
+        "consumer": "eoa",
+        "out": out,
+    }
+
+    def one_try(kill: str, try_number: int) -> subprocess.CompletedProcess[str]:
+        job = {**cfg, "kill": kill, "try_number": try_number}
+        return subprocess.run(
+            [sys.executable, "-m", "tests.e2e.faults.airflow_job", json.dumps(job)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    first = one_try(kill, 1)
+    assert first.returncode == -9, f"the task was not killed ({first.returncode}): {first.stderr[-3000:]}"
+    retry = one_try("none", 2)
+    assert retry.returncode == 0, f"the retry failed ({retry.returncode}): {retry.stderr[-3000:]}"
+    lines = [x for x in retry.stdout.splitlines() if x.startswith(XCOM)]
+    xcom = json.loads(lines[0][len(XCOM) :])
+    expected = sorted((p, o) for p in parts for o in range(N))
+    assert committed_offsets(out, s3) == expected
+    assert listed_offsets(bucket, "orders", s3) == expected
+    conn = conn_of(broker)
+    assert {
+        p.stream: p.stored for p in watermarks(conn, "eoa", superstream=name).partitions
+    } == dict.fromkeys(parts, N - 1)
+    assert xcom["delivery"] == "exactly_once" and xcom["retry_count"] == 1
+    if kill == "sink":
+        assert xcom["records_written"] == 2 * N
+        assert all(f.startswith(f"s3://{bucket}/orders/") for f in xcom["files"])
+    else:
+        assert xcom["sink_skipped"] is True
+    for shown in (json.dumps(xcom), first.stdout + first.stderr, retry.stdout + retry.stderr):
+        assert s3.secret not in shown and s3.key not in shown
