@@ -126,6 +126,8 @@ def define(
     kinds = a.pop("kinds", None) or {"rabbitmq", "spark" if read.engine.name == "spark" else "parquet"}
     spark_key = read.engine.spark_key
     keys = {t.rabbitmq_key, spark_key} if spark_key else {t.rabbitmq_key}
+    if storage_key := getattr(read.engine, "storage_key", None):
+        keys.add(storage_key)
     what = f"RabbitMQ {t.target.describe()}"
     description = a.pop("description", None) or (
         f"Messages of {what} read by consumer '{consumer}' into {read.engine.output.uri or 'a sink'}"

@@ -183,3 +183,40 @@ def without_secrets(storage_options: Mapping[str, Any] | None) -> dict[str, Any]
         else:
             out[k] = "***" if _secret_key(str(k)) else v
     return out
+
+
+def s3_storage_options(
+    *,
+    key: str | None = None,
+    secret: str | None = None,
+    token: str | None = None,
+    endpoint_url: str | None = None,
+    region_name: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """fsspec (s3fs) storage options from S3 credentials and an endpoint, `extra` merged last.
+
+    The one mapping the Airflow connection (`airflow_rmqs.storage`) and the Dagster resource
+    (`dagster_rmqs.ObjectStoreResource`) share.
+    """
+    options: dict[str, Any] = {}
+    for name, value in (("key", key), ("secret", secret), ("token", token), ("endpoint_url", endpoint_url)):
+        if value:
+            options[name] = value
+    if region_name:
+        options["client_kwargs"] = {"region_name": region_name}
+    options.update(extra or {})
+    return options
+
+
+def iceberg_s3_properties(options: Mapping[str, Any]) -> dict[str, str]:
+    """pyiceberg FileIO properties (`s3.access-key-id`, ...) for the same S3 credentials and endpoint
+    as fsspec storage `options`: an Iceberg warehouse on that store."""
+    names = {"key": "s3.access-key-id", "secret": "s3.secret-access-key", "token": "s3.session-token"}
+    props = {names[k]: str(v) for k, v in options.items() if k in names and v}
+    if options.get("endpoint_url"):
+        props["s3.endpoint"] = str(options["endpoint_url"])
+    region = (options.get("client_kwargs") or {}).get("region_name")
+    if region:
+        props["s3.region"] = str(region)
+    return props

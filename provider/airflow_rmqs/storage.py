@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.objectstore import storage_secrets
+from pyspark_rmqs.objectstore import iceberg_s3_properties, s3_storage_options, storage_secrets
 
 
 def _extra(conn: Any) -> dict[str, Any]:
@@ -35,46 +35,30 @@ def _extra(conn: Any) -> dict[str, Any]:
 def storage_options(conn: Any) -> dict[str, Any]:
     """fsspec storage options (s3fs's names) from an Airflow connection (see the module docstring)."""
     extra = _extra(conn)
-    options: dict[str, Any] = {}
-    if conn.login:
-        options["key"] = conn.login
-    if conn.password:
-        options["secret"] = conn.password
-    if extra.get("aws_session_token"):
-        options["token"] = extra["aws_session_token"]
-    endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get(
-        "endpoint_url"
-    )
-    if endpoint:
-        options["endpoint_url"] = endpoint
-    if extra.get("region_name"):
-        options["client_kwargs"] = {"region_name": extra["region_name"]}
     more = extra.get("storage_options") or {}
     if isinstance(more, str):
         try:
             more = json.loads(more)
         except ValueError:
-            raise ConfigurationError(
-                f"connection '{conn.conn_id}': extra 'storage_options' must be a JSON object"
-            ) from None
+            more = None
     if not isinstance(more, Mapping):
         raise ConfigurationError(
             f"connection '{conn.conn_id}': extra 'storage_options' must be a JSON object"
         )
-    options.update(more)
-    return options
+    endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get(
+        "endpoint_url"
+    )
+    return s3_storage_options(
+        key=conn.login,
+        secret=conn.password,
+        token=extra.get("aws_session_token"),
+        endpoint_url=endpoint,
+        region_name=extra.get("region_name"),
+        extra=more,
+    )
 
 
-def iceberg_properties(options: Mapping[str, Any]) -> dict[str, str]:
-    """pyiceberg FileIO properties for the same S3 credentials and endpoint as `options`."""
-    names = {"key": "s3.access-key-id", "secret": "s3.secret-access-key", "token": "s3.session-token"}
-    props = {names[k]: str(v) for k, v in options.items() if k in names}
-    if options.get("endpoint_url"):
-        props["s3.endpoint"] = str(options["endpoint_url"])
-    region = (options.get("client_kwargs") or {}).get("region_name")
-    if region:
-        props["s3.region"] = str(region)
-    return props
+iceberg_properties = iceberg_s3_properties
 
 
 def secrets(options: Mapping[str, Any]) -> list[str]:
