@@ -27,9 +27,29 @@ def main(cfg: dict[str, Any]) -> None:
     kill = cfg["kill"]
     arm(kill, engine="arrow")
     plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
-    consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"], **storage(cfg.get("storage"))))
+    consume.run_consume(conn, plan, sink(cfg))
     if kill == "stored":
         die()
+
+
+def sink(cfg: dict[str, Any]) -> Any:
+    """A ParquetSink into `out`, or with `"iceberg": {catalog properties}` an IcebergSink of table
+    `out` whose warehouse is on the object store (S3 properties from the AWS environment)."""
+    import os
+
+    from pyspark_rmqs import consume
+
+    if cfg.get("iceberg"):
+        from pyspark_rmqs.iceberg import IcebergSink
+
+        s3 = {
+            "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": os.environ["AWS_SECRET_ACCESS_KEY"],
+            "s3.endpoint": os.environ["AWS_ENDPOINT_URL"],
+            "s3.region": os.environ["AWS_REGION"],
+        }
+        return IcebergSink(cfg["out"], {**cfg["iceberg"], **s3})
+    return consume.ParquetSink(cfg["out"], **storage(cfg.get("storage")))
 
 
 def storage(kind: str | None) -> dict[str, Any]:

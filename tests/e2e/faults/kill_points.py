@@ -10,6 +10,7 @@ The Spark-free path has three more (`engine="arrow"`), which the object-store te
 `writing`: inside the first range's file, after its first batch (an upload not completed);
 `manifest`: every range's file complete, the commit record (the manifest) not written;
 `delivered`: the commit record written, the run record not yet moved to `delivered`.
+`table`: an Iceberg run's data files written, its table commit not made.
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ def arm(kill: str, *, engine: str = "spark") -> None:
 
         delivery.StoreCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
         delivery.FileCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
+    elif kill == "table":
+        from pyspark_rmqs.iceberg import IcebergSink
+
+        real_commit = IcebergSink.commit_run
+
+        def flush_then_die(self: Any) -> None:
+            self._flush()  # the data files are written to the warehouse; no snapshot names them
+            die()
+
+        IcebergSink.commit_run = flush_then_die  # type: ignore[method-assign]
+        del real_commit
     elif kill == "delivered":
         from pyspark_rmqs.runs import record
 
