@@ -47,9 +47,10 @@ OPTIONAL = {
     "openlineage": ("airflow", "attr", "openlineage"),
     "iceberg": ("pyiceberg",),
     "pkcs12": ("cryptography",),
+    "s3": ("s3fs",),
 }
 ALL_OPTIONAL = sorted({name for names in OPTIONAL.values() for name in names})
-EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12"]
+EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12", "s3"]
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:
