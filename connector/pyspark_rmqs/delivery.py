@@ -21,6 +21,12 @@ only a staging folder writes the range again. Every offset appears exactly once 
 An exactly-once output folder holds rmqs runs only: files written there at-least-once (directly in
 the folder) would give Spark two directory layouts to reconcile. Use a new folder when switching.
 
+On an object store (`s3://`) there is no atomic rename: a Spark run's files cannot be published at
+once, so `FileCommits` refuses such paths. The Spark-free consume writes there instead
+(`StoreCommits`): each range straight to its final, range-keyed object (an upload appears whole or
+not at all), then the commit record, the manifest of the run's objects, last; readers that must
+never see an uncommitted run read through the manifests (`committed.py`).
+
 Where a failure happened is part of the error (`commit_state`, see `errors.CommitState`): before
 the commit (safe to retry), with the commit outcome unknown (the record answers), or after it (only
 the watermark is left to store).
@@ -127,9 +133,10 @@ class FileCommits:
         root = local_path(output)
         if root is None:
             raise ConfigurationError(
-                f"exactly-once delivery into '{output}' needs a local or mounted file system path; "
-                "use delivery='at_least_once' for other file systems (or a table format whose commit "
-                "takes the run's token)"
+                f"exactly-once delivery of Spark's files into '{output}' needs a local or mounted file "
+                "system path (its publish is one folder rename, which object stores lack); for an "
+                "object store use the Spark-free consume (RabbitMQStreamConsumeOperator, Dagster "
+                "engine='arrow'), an Iceberg table, or delivery='at_least_once'"
             )
         self.root = root
 

@@ -90,10 +90,14 @@ def locate(
     else:
         try:
             fs, path = pafs.FileSystem.from_uri(uri)
-        except (OSError, ValueError) as e:  # a URI carries no secrets pyarrow would echo: option names only
+        except (OSError, ValueError) as e:  # pyarrow's message may quote the URI: secrets masked
+            from pyspark_rmqs.redact import redact_text
+
+            query = uri.partition("?")[2]
+            hidden = [v for part in query.split("&") if (v := part.partition("=")[2])]
             raise ConfigurationError(
-                f"output_path {_shown(uri)!r}: pyarrow has no file system for it ({e}); give "
-                "storage_options (fsspec) or a filesystem"
+                f"output_path {_shown(uri)!r}: pyarrow has no file system for it "
+                f"({redact_text(str(e), hidden)}); give storage_options (fsspec) or a filesystem"
             ) from None
     return Location(fs, path.rstrip("/"), _shown(uri), isinstance(fs, pafs.LocalFileSystem))
 
@@ -147,9 +151,11 @@ def _fsspec(scheme: str, storage_options: Mapping[str, Any]) -> Any:
 
 
 def _shown(uri: str) -> str:
-    """`uri` without user-info (an `s3://KEY:SECRET@bucket` form): what messages may show."""
+    """`uri` without user-info (an `s3://KEY:SECRET@bucket` form) and without its query (pyarrow
+    takes `?access_key=...&secret_key=...` there): what messages, summaries and file names show."""
     from pyspark_rmqs.redact import redact_uri
 
+    uri = uri.split("?", 1)[0]
     return redact_uri(uri) if "://" in uri else uri
 
 

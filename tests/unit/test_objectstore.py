@@ -79,3 +79,13 @@ def test_committed_files_of_a_spark_file_sink_follow_its_log(tmp_path: Path) -> 
         1,
         2,
     ]
+
+
+def test_credentials_in_a_uri_query_are_never_shown() -> None:
+    """A URI's query (pyarrow's S3 options; older releases took keys there) is not shown, nor any
+    value of it in an error."""
+    where = locate("s3://bucket/orders?region=us-east-1")
+    assert where.uri == "s3://bucket/orders" and where.uri_of("x.parquet") == "s3://bucket/orders/x.parquet"
+    with pytest.raises(ConfigurationError) as e:
+        locate("s3://bucket/orders?secret_key=S3CR3TQUERY&nonsense_option=1")
+    assert "S3CR3TQUERY" not in str(e.value)
