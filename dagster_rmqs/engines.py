@@ -133,6 +133,13 @@ class ArrowEngine:
     def with_output(self, output: Output) -> "ArrowEngine":
         return replace(self, output=output)
 
+    def storage_options(self, context: AssetExecutionContext) -> dict[str, Any] | None:
+        """fsspec options from the `ObjectStoreResource` under `storage_key` (None without one)."""
+        if not self.storage_key:
+            return None
+        options: dict[str, Any] = getattr(context.resources, self.storage_key).fsspec_options()
+        return options
+
     def read(
         self,
         context: AssetExecutionContext,
@@ -144,7 +151,7 @@ class ArrowEngine:
         from pyspark_rmqs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
 
         o = self.output
-        options = getattr(context.resources, self.storage_key).fsspec_options() if self.storage_key else None
+        options = self.storage_options(context)
         sink: Any = o.sink
         if sink is None:
             sink = ParquetSink(str(o.path), skip_committed=not o.replaces, storage_options=options)

@@ -7,9 +7,10 @@ killed before Spark logged it (partial, or 0 bytes: pyarrow refuses to open thos
 lists the folder (a pyarrow dataset, DuckDB's `read_parquet('.../*.parquet')`, a Trino or Hive
 external table) counts all of them. The commits say which files are the output:
 
-- rmqs's commit records, `<output>/_rmqs_commits/<token>.json` (`delivery.py`): written last by
-  every exactly-once run (`run_consume` into a folder or `s3://`, `run_read` into files), each the
-  manifest of its run's files;
+- rmqs's commit records, `<output>/_rmqs_commits/<token>.json` (`delivery.py`; a Dagster time
+  window's in `<output>/rmqs_window=<key>/_rmqs_commits/`): written last by every exactly-once run
+  (`run_consume` into a folder or `s3://`, `run_read` into files), each the manifest of its run's
+  files;
 - Spark's file sink log, `<output>/_spark_metadata/` (an AvailableNow drain, any streaming file
   sink): the files of every committed micro-batch (`spark/file_sink_log.py` has the format).
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from pyspark_rmqs.delivery import StoreCommits
+from pyspark_rmqs.delivery import COMMITS
 from pyspark_rmqs.objectstore import Location, locate
 
 if TYPE_CHECKING:
@@ -75,8 +76,23 @@ def committed_dataset(
 
 
 def _rmqs_files(where: Location) -> list[str]:
-    """The files the commit records (manifests) under `where` list."""
-    return [where.path(f) for record in StoreCommits(where).records() for f in record.get("files", [])]
+    """The files the commit records (manifests) under `where` list, at any depth: a Dagster time
+    window keeps its runs and their records in its own `rmqs_window=<key>/` folder."""
+    from pyarrow import fs as pafs
+
+    selector = pafs.FileSelector(where.base, recursive=True, allow_not_found=True)
+    out: list[str] = []
+    for info in where.fs.get_file_info(selector):
+        folder, _, name = info.path.rpartition("/")
+        parent, _, leaf = folder.rpartition("/")
+        if info.type != pafs.FileType.File or leaf != COMMITS or not name.endswith(".json"):
+            continue
+        try:
+            record = json.loads(_read_text(where, info.path))
+        except (OSError, ValueError):
+            continue
+        out += [f"{parent}/{f}" for f in record.get("files", [])]
+    return out
 
 
 def _spark_files(where: Location) -> list[str]:

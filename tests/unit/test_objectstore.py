@@ -89,3 +89,16 @@ def test_credentials_in_a_uri_query_are_never_shown() -> None:
     with pytest.raises(ConfigurationError) as e:
         locate("s3://bucket/orders?secret_key=S3CR3TQUERY&nonsense_option=1")
     assert "S3CR3TQUERY" not in str(e.value)
+
+
+def test_committed_files_include_each_time_windows_own_manifests(tmp_path: Path) -> None:
+    """A Dagster time window keeps its runs under `rmqs_window=<key>/`, with their records there."""
+    for key, offsets in (("2026-01-01", [0, 1]), ("2026-01-02", [2])):
+        folder = tmp_path / f"rmqs_window={key}"
+        _parquet(folder / f"s-{key}.parquet", offsets)
+        (folder / "_rmqs_commits").mkdir()
+        (folder / "_rmqs_commits" / "t.json").write_text(json.dumps({"files": [f"s-{key}.parquet"]}))
+    _parquet(tmp_path / "rmqs_window=2026-01-03" / "s-dead.parquet", [3])  # no manifest
+    table = committed.committed_dataset(str(tmp_path)).to_table()
+    assert sorted(table.column("offset").to_pylist()) == [0, 1, 2]
+    assert sorted(set(table.column("rmqs_window").to_pylist())) == ["2026-01-01", "2026-01-02"]
