@@ -289,21 +289,39 @@ class StoreCommits:
         return CommitRecord(**json.loads(body))
 
     def records(self) -> list[dict[str, Any]]:
-        """Every commit record in the folder, as JSON (unreadable ones skipped)."""
+        """Every commit record in the folder, as JSON (unreadable ones skipped).
+
+        One listing, then the records read 16 at a time: each is a round trip to the store, and a
+        folder an hourly pipeline writes holds thousands of them after a year.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
         from pyarrow import fs as pafs
 
         fs = self.location.fs
         selector = pafs.FileSelector(self.location.path(COMMITS), allow_not_found=True)
-        out = []
-        for info in fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-                continue
+        paths = [
+            i.path
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File and i.path.endswith(".json")
+        ]
+
+        def read(path: str) -> dict[str, Any] | None:
             try:
-                with fs.open_input_stream(info.path) as f:
-                    out.append(json.loads(f.read()))
+                with fs.open_input_stream(path) as f:
+                    found: dict[str, Any] = json.loads(f.read())
+                    return found
             except (OSError, ValueError):
-                continue
-        return out
+                return None
+
+        if len(paths) <= 1:
+            found = [read(p) for p in paths]
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(16, len(paths)), thread_name_prefix="rmqs-commits"
+            ) as pool:
+                found = list(pool.map(read, paths))
+        return [r for r in found if r is not None]
 
     def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
         """As `FileCommits.committed_spans`."""

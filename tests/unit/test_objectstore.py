@@ -102,3 +102,11 @@ def test_committed_files_include_each_time_windows_own_manifests(tmp_path: Path)
     table = committed.committed_dataset(str(tmp_path)).to_table()
     assert sorted(table.column("offset").to_pylist()) == [0, 1, 2]
     assert sorted(set(table.column("rmqs_window").to_pylist())) == ["2026-01-01", "2026-01-02"]
+
+
+def test_spark_exactly_once_files_refuse_an_object_store_and_say_what_to_use() -> None:
+    from pyspark_rmqs.delivery import FileCommits
+
+    with pytest.raises(ConfigurationError, match="object stores lack") as e:
+        FileCommits("s3://bucket/orders")
+    assert "Spark-free consume" in str(e.value) and "Iceberg" in str(e.value)

@@ -286,3 +286,33 @@ def test_an_airflow_consume_task_into_s3_killed_after_its_sink_then_retried_find
         assert xcom["sink_skipped"] is True
     for shown in (json.dumps(xcom), first.stdout + first.stderr, retry.stdout + retry.stderr):
         assert s3.secret not in shown and s3.key not in shown
+
+
+def test_a_watermark_put_back_by_another_client_writes_nothing_twice_into_s3(
+    broker: BrokerSettings, streams: StreamFactory, s3: S3Server
+) -> None:
+    """Commits in the bucket are recognised per partition range (the manifests of earlier runs,
+    read back from the store): after three runs, a client that is not rmqs puts one partition's
+    stored offset back and 20 messages arrive; the next run writes only those 20."""
+    from tests.support.data import client
+
+    name, parts = streams.super_stream(2)
+    conn = conn_of(broker)
+    out = f"s3://{s3.new_bucket()}/orders"
+
+    def run() -> jobs.RunSummary:
+        plan = jobs.plan_read(conn, superstream=name, consumer="back")
+        return consume.run_consume(conn, plan, consume.ParquetSink(out, storage_options=s3.storage_options()))
+
+    for batch in range(3):  # three runs: three manifests for the next run to read back
+        for p in parts:
+            publish(broker, p, [f"{p}:{batch}:{i}".encode() for i in range(100)])
+        last = run()
+        assert last.rows == 200
+    end = last.end_offsets[parts[1]]  # 300 messages, and the runs' own offset-tracking entries
+    client(broker).store_offsets("back", {parts[1]: 99})  # not rmqs: a raw store, backwards
+    publish(broker, parts[1], [b"late"] * 20)
+    again = run()
+    assert again.extra["already_committed"] == {parts[1]: [[100, end]]} and again.rows == 20
+    got = committed_offsets(out, s3)
+    assert len(got) == len(set(got)) == 620  # every message once: none of [100, end) twice
