@@ -17,7 +17,7 @@ setup: java $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,testing,dev]'
+	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
 	@# PYTHONDONTWRITEBYTECODE may be set: compile once here, or every Spark worker pays ~2 s for pandas.
 	@$(PY) -m compileall -q -j0 $(VENV)/lib >/dev/null 2>&1 || true
 	@touch $@
@@ -110,7 +110,7 @@ dist: setup
 # Re-resolve the locked versions after changing dependencies in pyproject.toml. The dagster-ui
 # extra (dagster-webserver) is not locked: its gql pin conflicts with dagster-dg-cli's (dev).
 lock:
-	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra testing --extra dev \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra s3 --extra testing --extra dev \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:

@@ -1,7 +1,8 @@
 """Dagster integration of rmqs: read RabbitMQ Streams as assets, under the watermark protocol.
 
-Resources `RabbitMQStreamsResource` (default key `rabbitmq`) and `SparkSessionResource` (default
-key `spark`; any SparkSession or resource exposing one works too); factories `build_stream_asset`
+Resources `RabbitMQStreamsResource` (default key `rabbitmq`), `SparkSessionResource` (default
+key `spark`; any SparkSession or resource exposing one works too) and `ObjectStoreResource` (an
+object store's credentials, `output_storage_key`); factories `build_stream_asset`
 (watermark runs, AvailableNow drains, offset-range or time-window partitions; Spark or Arrow
 engine), `build_new_data_sensor`, `build_lag_check`, `build_observation_sensor`; offset-range
 partitions (`offset_range_partitions` and key helpers); the YAML component `RabbitMQStreamComponent`;
@@ -26,11 +27,17 @@ from dagster_rmqs.partitions import (
     range_layers,
     range_run_key,
 )
-from dagster_rmqs.resources import RabbitMQStreamsResource, SparkSessionResource, produce_run_identity
+from dagster_rmqs.resources import (
+    ObjectStoreResource,
+    RabbitMQStreamsResource,
+    SparkSessionResource,
+    produce_run_identity,
+)
 from dagster_rmqs.sensors import build_new_data_sensor, build_observation_sensor, evaluate_new_data
 from pyspark_rmqs import __version__  # the one version source
 
 __all__ = [
+    "ObjectStoreResource",
     "OffsetRange",
     "RabbitMQStreamComponent",
     "RabbitMQStreamsResource",

@@ -88,6 +88,7 @@ def build_stream_asset(
     drain_timeout_s: float = 3600.0,
     rabbitmq_key: str = DEFAULT_RABBITMQ_KEY,
     spark_key: str = DEFAULT_SPARK_KEY,
+    output_storage_key: str | None = None,
     key_prefix: str | Sequence[str] | None = None,
     group_name: str | None = None,
     description: str | None = None,
@@ -123,6 +124,9 @@ def build_stream_asset(
     takes the DataFrame. `engine="arrow"` reads without Spark (pyspark is never imported): Parquet
     files `<stream>-<start>-<end>-<run>.parquet` under `output_path`, or `sink` called per
     `pyarrow.RecordBatch`. The broker is the `RabbitMQStreamsResource` under `rabbitmq_key`.
+    With `engine="arrow"`, `output_path` may be an object store (`s3://bucket/orders`): each
+    run's objects, then its commit record (the manifest readers trust: `pyspark_rmqs.committed`);
+    `output_storage_key` names an `ObjectStoreResource` holding its credentials.
 
     `delivery="exactly_once"` (default) commits the Spark engine's files under each run's range
     token, so a retried range is never written twice; `"at_least_once"` writes straight to
@@ -166,6 +170,7 @@ def build_stream_asset(
             spark_key=spark_key,
             metadata_fields=metadata_fields,
             source_options=source_options,
+            storage_key=output_storage_key,
         ),
         metadata_fields,
         fail_on_data_loss,

@@ -126,9 +126,19 @@ class ArrowEngine:
     source_options: Mapping[str, str] = field(default_factory=dict)
     name: EngineName = "arrow"
     spark_key: None = None
+    # The resource key of an `ObjectStoreResource` holding the output's credentials (None: the
+    # process's own, e.g. the AWS environment, or a local folder).
+    storage_key: str | None = None
 
     def with_output(self, output: Output) -> "ArrowEngine":
         return replace(self, output=output)
+
+    def storage_options(self, context: AssetExecutionContext) -> dict[str, Any] | None:
+        """fsspec options from the `ObjectStoreResource` under `storage_key` (None without one)."""
+        if not self.storage_key:
+            return None
+        options: dict[str, Any] = getattr(context.resources, self.storage_key).fsspec_options()
+        return options
 
     def read(
         self,
@@ -141,7 +151,10 @@ class ArrowEngine:
         from pyspark_rmqs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
 
         o = self.output
-        sink: Any = o.sink if o.sink is not None else ParquetSink(str(o.path), skip_committed=not o.replaces)
+        options = self.storage_options(context)
+        sink: Any = o.sink
+        if sink is None:
+            sink = ParquetSink(str(o.path), skip_committed=not o.replaces, storage_options=options)
         return run_consume(
             conn,
             plan,
@@ -161,7 +174,13 @@ def make_engine(
     spark_key: str,
     metadata_fields: str | None,
     source_options: Mapping[str, str] | None,
+    storage_key: str | None = None,
 ) -> Engine:
+    if engine == "spark" and storage_key:
+        raise ConfigurationError(
+            "output_storage_key is for engine='arrow': Spark writes through its own file systems "
+            "(for s3a://, Hadoop's S3A settings in the Spark configuration)"
+        )
     if engine == "spark":
         return SparkEngine(output, spark_key, metadata_fields)
     if engine == "arrow":
@@ -175,5 +194,5 @@ def make_engine(
                 "engine='arrow' names its files by range (a retried range replaces its file): "
                 "output_mode, output_options and partition_by are for engine='spark'"
             )
-        return ArrowEngine(output, metadata_fields, dict(source_options or {}))
+        return ArrowEngine(output, metadata_fields, dict(source_options or {}), storage_key=storage_key)
     raise ConfigurationError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")

@@ -126,6 +126,8 @@ def define(
     kinds = a.pop("kinds", None) or {"rabbitmq", "spark" if read.engine.name == "spark" else "parquet"}
     spark_key = read.engine.spark_key
     keys = {t.rabbitmq_key, spark_key} if spark_key else {t.rabbitmq_key}
+    if storage_key := getattr(read.engine, "storage_key", None):
+        keys.add(storage_key)
     what = f"RabbitMQ {t.target.describe()}"
     description = a.pop("description", None) or (
         f"Messages of {what} read by consumer '{consumer}' into {read.engine.output.uri or 'a sink'}"
@@ -328,7 +330,7 @@ def time_window_asset(
                 engine = windows.window_engine(read.engine, w.key) if replace_whole else read.engine
                 summary = engine.read(context, conn, plan, store_watermark=False)
                 if replace_whole:
-                    _replace_window(engine, plan, summary)
+                    _replace_window(engine, plan, summary, storage_of(engine, context))
                 summaries.append(summary)
             if len(summaries) == 1:
                 summary = summaries[0]
@@ -350,11 +352,19 @@ def time_window_asset(
     return define(name, read, "time_windows", materialize, attrs, partitions_def=partitions_def)
 
 
-def _replace_window(engine: Engine, plan: ReadPlan, summary: RunSummary) -> None:
+def storage_of(engine: Engine, context: AssetExecutionContext) -> dict[str, Any] | None:
+    """The output's storage options from the engine's `ObjectStoreResource`, if it names one."""
+    options = getattr(engine, "storage_options", None)
+    return options(context) if options is not None else None
+
+
+def _replace_window(
+    engine: Engine, plan: ReadPlan, summary: RunSummary, storage_options: dict[str, Any] | None = None
+) -> None:
     """What the window's folder held before this run is gone: only this run's output stays."""
     folder = str(engine.output.path)
     if windows.commits_runs(engine) and (engine.name == "arrow" or local_path(folder) is not None):
         files = summary.extra.get("files")
-        windows.keep_only(folder, plan.token, files if isinstance(files, list) else ())
+        windows.keep_only(folder, plan.token, files if isinstance(files, list) else (), storage_options)
     elif plan.is_empty:  # Spark overwrote the folder when it wrote; with nothing to write, it did not
         windows.remove(folder)

@@ -162,3 +162,40 @@ def session_of(spark: Any) -> SparkSession:
             "or a resource with get_session() or spark_session (such as dagster_pyspark.PySparkResource)"
         )
     return spark
+
+
+class ObjectStoreResource(ConfigurableResource):
+    """Credentials of an object store a Spark-free stream asset writes to (`output_storage_key`).
+
+    S3 and S3-compatible stores (MinIO, Ceph, R2...) through fsspec's s3fs (`pip install
+    'rmqs[s3]'`): give the secret as `EnvVar("...")`, so the UI and run metadata show the
+    variable's name, never its value. `storage_options` adds any fsspec option (and serves other
+    stores: `gs://`, `abfs://`). The same mapping as the Airflow consume operator's
+    `output_conn_id` (`pyspark_rmqs.objectstore.s3_storage_options`).
+    """
+
+    aws_access_key_id: str | None = Field(default=None, description="Use EnvVar('...').")
+    aws_secret_access_key: str | None = Field(default=None, description="Use EnvVar('...').")
+    aws_session_token: str | None = Field(default=None, description="Use EnvVar('...').")
+    endpoint_url: str | None = Field(default=None, description="An S3-compatible endpoint's URL.")
+    region_name: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="More fsspec options.")
+
+    def __repr_args__(self) -> Any:  # never show a secret in a repr or a log line
+        from pyspark_rmqs.objectstore import without_secrets
+
+        shown = without_secrets(dict(super().__repr_args__()))  # type: ignore[arg-type]
+        yield from shown.items()
+
+    def fsspec_options(self) -> dict[str, Any]:
+        """fsspec storage options for the output (secrets included: hand them to the writer only)."""
+        from pyspark_rmqs.objectstore import s3_storage_options
+
+        return s3_storage_options(
+            key=self.aws_access_key_id,
+            secret=self.aws_secret_access_key,
+            token=self.aws_session_token,
+            endpoint_url=self.endpoint_url,
+            region_name=self.region_name,
+            extra=self.storage_options,
+        )

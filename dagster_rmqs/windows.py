@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import Any
 from dagster_rmqs.engines import Engine
 from pyspark_rmqs.broker.client import BrokerClient, TimeBound
 from pyspark_rmqs.codec import to_millis
-from pyspark_rmqs.delivery import COMMITS, STAGING, FileCommits, RunToken, local_path
+from pyspark_rmqs.delivery import COMMITS, STAGING, FileCommits, RunToken, StoreCommits, local_path
 from pyspark_rmqs.errors import RmqsError
 
 log = logging.getLogger(__name__)
@@ -154,17 +154,23 @@ def window_engine(engine: Engine, key: str) -> Engine:
     return engine.with_output(replace(o, path=window_path(o.path, key), mode=mode, replaces=True))
 
 
-def keep_only(folder: str, token: RunToken, written: Sequence[str] = ()) -> None:
+def keep_only(
+    folder: str,
+    token: RunToken,
+    written: Sequence[str] = (),
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
     """Remove from a window's folder every output but the run `token`'s: the window is replaced whole.
 
-    On a local path the run's commit record (`delivery.py`) names what it wrote; elsewhere `written`
-    does (the files a Spark-free run wrote). Commit records of earlier runs go first, then their
-    files: an interrupted clean-up leaves files a later materialization removes, never a record
-    whose files are gone (which would make a run of that range skip writing them).
+    The run's commit record (`delivery.py`; on an object store `StoreCommits`, reached with
+    `storage_options`) names what it wrote; without one, `written` does. Commit records of earlier
+    runs go first, then their files: an interrupted clean-up leaves files a later materialization
+    removes, never a record whose files are gone (which would make a run of that range skip writing
+    them).
     """
     root = local_path(folder)
     if root is None:
-        _keep_only_remote(folder, set(written))
+        _keep_only_remote(folder, token, set(written), storage_options)
         return
     if not root.is_dir():
         return
@@ -185,15 +191,32 @@ def keep_only(folder: str, token: RunToken, written: Sequence[str] = ()) -> None
             entry.unlink()
 
 
-def _keep_only_remote(folder: str, written: set[str]) -> None:
-    from pyarrow import fs  # a Spark-free run's Parquet files on a remote file system
+def _keep_only_remote(
+    folder: str, token: RunToken, written: set[str], storage_options: Mapping[str, Any] | None
+) -> None:
+    """`keep_only` on an object store: other runs' records first, then every object but this run's."""
+    from pyarrow import fs
 
-    filesystem, base = fs.FileSystem.from_uri(folder)
-    selector = fs.FileSelector(base, recursive=True, allow_not_found=True)
-    for info in filesystem.get_file_info(selector):
-        if info.type == fs.FileType.File and info.path not in written:
-            log.info("replacing window output: removing %s", info.path)
-            filesystem.delete_file(info.path)
+    from pyspark_rmqs.objectstore import locate
+
+    where = locate(folder, storage_options=storage_options)
+    commits = StoreCommits(where)
+    record = commits.record(token) if token.ranges else None
+    own = commits.record_path(token)
+    kept = {where.path(f) for f in record.files} if record is not None else set()
+    kept |= {where.path(where_relative(where, f)) for f in written}
+    infos = where.fs.get_file_info(fs.FileSelector(where.base, recursive=True, allow_not_found=True))
+    files = [i.path for i in infos if i.type == fs.FileType.File]
+    records = [p for p in files if p.startswith(where.path(COMMITS) + "/") and p != own]
+    for path in records + [p for p in files if p not in records and p != own and p not in kept]:
+        log.info("replacing window output: removing %s", path)
+        where.fs.delete_file(path)
+
+
+def where_relative(where: Any, name: str) -> str:
+    """A written file (a URI, a file system path or a relative name) relative to the folder."""
+    prefix = f"{where.uri.rstrip('/')}/"
+    return name[len(prefix) :] if name.startswith(prefix) else where.relative(name)
 
 
 def remove(folder: str) -> None:

@@ -18,6 +18,7 @@ os.environ.setdefault("RMQS_POOL_IDLE_SECONDS", "15")
 
 from tests.support import broker as tb
 from tests.support import jvm
+from tests.support import s3 as ts3
 
 pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
 # rmqs's own pytest plugin (pytest_rmqs: rmqs_* fixtures) loads through its `pytest11` entry point
@@ -213,3 +214,12 @@ def _schedule_in_group(item: pytest.Item, group: str) -> None:
         return
     if hasattr(item, "_id"):
         item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[ts3.S3Server]:
+    """A real S3 endpoint on loopback (moto's server, IAM enforced) for the whole run: tests/support/s3.py."""
+    server = ts3.start()
+    yield server
+    assert server.process is not None
+    ts3.stop(server.process)

@@ -10,9 +10,10 @@ Memory is bounded by `queueCapacity` and one batch, whatever the range: batches 
 reader to the sink and are never collected. Sinks:
 - `FunctionSink(fn)`: `fn(batch)` for every batch (the Airflow operator's `apply_function`);
 - `ParquetSink(output_path)`: one Parquet file per partition stream and range, named
-  `<stream>-<start>-<end>-<run>.parquet` (`<run>`: the start of the run's token), written under a
-  temporary name and renamed once complete, so a
-  retry of the same range replaces the file instead of adding a duplicate.
+  `<stream>-<start>-<end>-<run>.parquet` (`<run>`: the start of the run's token), complete or
+  absent (renamed into place locally; an object store's upload completes whole), so a retry of
+  the same range replaces the file instead of adding a duplicate; then the run's commit record,
+  the manifest of its files, on a local folder and on an object store (`s3://`) alike.
 
 Used by the Spark-free Airflow operator and by Dagster's `engine="arrow"`; imports no pyspark.
 """
@@ -23,14 +24,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.delivery import FileCommits, RunToken, covers, local_path, takes_token
+from pyspark_rmqs.delivery import FileCommits, RunToken, StoreCommits, covers, takes_token
 from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
+from pyspark_rmqs.objectstore import locate
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
 from pyspark_rmqs.planning import merge_spans
 
@@ -106,27 +107,45 @@ def range_file_name(stream: str, start: int, end: int, token: RunToken | None = 
 class ParquetSink:
     """One Parquet file per partition stream and range under `output_path` (a directory or URI).
 
-    Each file is written as `.<name>.<uuid>.tmp` and renamed when its range is complete; a retry
-    of the range overwrites the same name. `outputs` lists the files written.
+    On a local file system each file is written as `.<name>.<uuid>.tmp` and renamed when its range
+    is complete. On an object store (`s3://...`, through pyarrow or fsspec: `objectstore.py`) each
+    object is uploaded straight under its final name, which it takes only when the upload completes;
+    a range that fails is deleted. Either way a retry of the range overwrites the same name, and the
+    run's commit record (`delivery.FileCommits` / `delivery.StoreCommits`, written by `run_consume`
+    after every range) is the manifest readers trust (`committed.py`). `outputs` lists the files
+    written (paths, or URIs on an object store).
+
+    :param filesystem: a `pyarrow.fs.FileSystem` or an fsspec file system to write with.
+    :param storage_options: instead, fsspec options for the URI's scheme (credentials, `endpoint_url`).
     """
 
-    def __init__(self, output_path: str, *, compression: str = "snappy", skip_committed: bool = True) -> None:
-        from pyarrow import fs
-
-        if "://" not in output_path:
-            import os
-
-            output_path = os.path.abspath(output_path)
-        self.fs, self.base = fs.FileSystem.from_uri(output_path)
-        self.uri = output_path
+    def __init__(
+        self,
+        output_path: str,
+        *,
+        compression: str = "snappy",
+        skip_committed: bool = True,
+        filesystem: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.location = locate(output_path, filesystem=filesystem, storage_options=storage_options)
+        self.fs, self.base = self.location.fs, self.location.base
+        self.uri = self.location.uri
         self.compression = compression
         # Leave out offsets earlier runs of the consumer committed here (False: a run replaces the
         # folder whole, a Dagster time window).
         self.skip_committed = skip_committed
         self.outputs: list[str] = []
+        self.written: list[str] = []  # the same files, relative to the folder (the commit record's)
         self._writer: Any = None
         self._tmp = self._final = ""
         self._token: RunToken | None = None
+
+    def commits(self) -> FileCommits | StoreCommits:
+        """Where the run's commit record goes: beside its files."""
+        if self.location.local:
+            return FileCommits(self.location.base)
+        return StoreCommits(self.location)
 
     def begin_run(self, token: RunToken) -> None:
         """The run's token names its files (`range_file_name`)."""
@@ -135,10 +154,13 @@ class ParquetSink:
     def open(self, stream: str, start: int, end: int, schema: pa.Schema) -> None:
         import pyarrow.parquet as pq
 
-        self.fs.create_dir(self.base, recursive=True)
         name = range_file_name(stream, start, end, self._token)
-        self._final = f"{self.base.rstrip('/')}/{name}"
-        self._tmp = f"{self.base.rstrip('/')}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        self._final = self.location.path(name)
+        if self.location.local:
+            self.fs.create_dir(self.base, recursive=True)
+            self._tmp = self.location.path(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+        else:  # an upload is invisible until it completes: no temporary name, no copy
+            self._tmp = self._final
         self._writer = pq.ParquetWriter(self._tmp, schema, filesystem=self.fs, compression=self.compression)
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -147,8 +169,11 @@ class ParquetSink:
     def close(self) -> None:
         self._writer.close()
         self._writer = None
-        self.fs.move(self._tmp, self._final)
-        self.outputs.append(self._final)
+        if self._tmp != self._final:
+            self.fs.move(self._tmp, self._final)
+        rel = self.location.relative(self._final)
+        self.written.append(rel)
+        self.outputs.append(self._final if self.location.local else self.location.uri_of(rel))
 
     def abort(self) -> None:
         if self._writer is not None:
@@ -157,7 +182,7 @@ class ParquetSink:
             except Exception:
                 log.debug("closing the aborted Parquet writer failed", exc_info=True)
             self._writer = None
-        try:
+        try:  # on an object store closing completed the upload of a partial file: remove it
             self.fs.delete_file(self._tmp)
         except Exception:
             log.debug("removing %s failed", self._tmp, exc_info=True)
@@ -240,7 +265,7 @@ def _run_consume(
     if isinstance(target, FunctionSink) and takes_token(target.fn):
         target.kwargs = {**target.kwargs, "token": token}
     s = settings or read_settings(conn, plan, metadata_fields=metadata_fields, source_options=source_options)
-    commits = FileCommits(target.uri) if isinstance(target, ParquetSink) and local_path(target.uri) else None
+    commits = target.commits() if isinstance(target, ParquetSink) else None
     committed_run = getattr(target, "committed", None)  # a sink keeping its own commits (Iceberg)
     exactly_once = commits is not None or committed_run is not None
     summary = new_summary(plan, token, pipeline, retry_count, exactly_once=exactly_once)
@@ -262,7 +287,7 @@ def _run_consume(
         log.info("range %s was committed by an earlier attempt: not read or written again", plan.ranges)
         summary.rows, summary.bytes = record.rows, record.bytes
         summary.extra["sink_skipped"] = True
-        summary.extra["files"] = [str(commits.root / f) for f in record.files] if commits else []
+        summary.extra["files"] = [commits.path_of(f) for f in record.files] if commits else []
     else:
         try:
             if hasattr(target, "begin_run"):
@@ -283,7 +308,7 @@ def _run_consume(
         if commits is not None and not plan.is_empty:
             t_commit = time.monotonic()
             try:
-                files = [str(Path(f).relative_to(commits.root)) for f in getattr(target, "outputs", [])]
+                files = list(getattr(target, "written", []))
                 commits.commit(token, files, summary.rows, summary.bytes)
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.UNKNOWN) from None

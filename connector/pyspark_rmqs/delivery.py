@@ -21,6 +21,12 @@ only a staging folder writes the range again. Every offset appears exactly once 
 An exactly-once output folder holds rmqs runs only: files written there at-least-once (directly in
 the folder) would give Spark two directory layouts to reconcile. Use a new folder when switching.
 
+On an object store (`s3://`) there is no atomic rename: a Spark run's files cannot be published at
+once, so `FileCommits` refuses such paths. The Spark-free consume writes there instead
+(`StoreCommits`): each range straight to its final, range-keyed object (an upload appears whole or
+not at all), then the commit record, the manifest of the run's objects, last; readers that must
+never see an uncommitted run read through the manifests (`committed.py`).
+
 Where a failure happened is part of the error (`commit_state`, see `errors.CommitState`): before
 the commit (safe to retry), with the commit outcome unknown (the record answers), or after it (only
 the watermark is left to store).
@@ -33,7 +39,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,9 +133,10 @@ class FileCommits:
         root = local_path(output)
         if root is None:
             raise ConfigurationError(
-                f"exactly-once delivery into '{output}' needs a local or mounted file system path; "
-                "use delivery='at_least_once' for other file systems (or a table format whose commit "
-                "takes the run's token)"
+                f"exactly-once delivery of Spark's files into '{output}' needs a local or mounted file "
+                "system path (its publish is one folder rename, which object stores lack); for an "
+                "object store use the Spark-free consume (RabbitMQStreamConsumeOperator, Dagster "
+                "engine='arrow'), an Iceberg table, or delivery='at_least_once'"
             )
         self.root = root
 
@@ -154,33 +161,22 @@ class FileCommits:
 
         Commits are recognised per partition range, not only per whole token: when a watermark is
         put back (`rmqs watermark set`, or another client), the next run's range overlaps what the
-        output holds, and only the rest is written. Per stream, merged `[start, end)` spans, from
-        every commit record of the same consumer on the same stream incarnation (records written
-        before rmqs kept incarnations count as the same).
+        output holds, and only the rest is written (`spans_committed`).
         """
         folder = self.root / COMMITS
         if not folder.is_dir():
             return {}
-        found: dict[str, list[tuple[int, int]]] = {}
+        records = []
         for path in folder.glob("*.json"):
             try:
-                record = json.loads(path.read_text())
+                records.append(json.loads(path.read_text()))
             except (OSError, ValueError):
                 continue
-            if record.get("consumer") != token.consumer:
-                continue
-            incarnations = record.get("incarnations") or {}
-            for stream, (lo, hi) in token.ranges.items():
-                span = record.get("ranges", {}).get(stream)
-                if span is None:
-                    continue
-                theirs, ours = incarnations.get(stream), token.incarnations.get(stream)
-                if theirs and ours and theirs != ours:
-                    continue
-                a, b = max(lo, int(span[0])), min(hi, int(span[1]))
-                if a < b:
-                    found.setdefault(stream, []).append((a, b))
-        return {s: _merged(spans) for s, spans in found.items()}
+        return spans_committed(records, token)
+
+    def path_of(self, relative: str) -> str:
+        """Where a file a record lists is (records hold paths relative to the output)."""
+        return str(self.root / relative)
 
     def begin(self, token: RunToken) -> Path:
         """A clean staging folder for `token` (a failed attempt's leftovers are removed)."""
@@ -218,16 +214,7 @@ class FileCommits:
 
     def commit(self, token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
         """Write the commit record (atomically: a temporary file renamed into place)."""
-        info = token.to_dict()
-        record = CommitRecord(
-            info["token"],
-            token.consumer,
-            info["ranges"],
-            files,
-            rows,
-            size,
-            incarnations=info["incarnations"],
-        )
+        record = new_record(token, files, rows, size)
         path = self.record_path(token)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
@@ -241,6 +228,114 @@ class FileCommits:
         staging = self.root / STAGING
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
+
+
+def new_record(token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
+    """The commit record of `token`'s run: the manifest of its files (relative to the output)."""
+    info = token.to_dict()
+    return CommitRecord(
+        info["token"], token.consumer, info["ranges"], files, rows, size, incarnations=info["incarnations"]
+    )
+
+
+def spans_committed(
+    records: Iterable[Mapping[str, Any]], token: RunToken
+) -> dict[str, list[tuple[int, int]]]:
+    """Per stream, the merged `[start, end)` spans of `token`'s ranges that `records` (commit records
+    as JSON) of the same consumer on the same stream incarnation hold (records written before rmqs
+    kept incarnations count as the same)."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for record in records:
+        if record.get("consumer") != token.consumer:
+            continue
+        incarnations = record.get("incarnations") or {}
+        for stream, (lo, hi) in token.ranges.items():
+            span = record.get("ranges", {}).get(stream)
+            if span is None:
+                continue
+            theirs, ours = incarnations.get(stream), token.incarnations.get(stream)
+            if theirs and ours and theirs != ours:
+                continue
+            a, b = max(lo, int(span[0])), min(hi, int(span[1]))
+            if a < b:
+                found.setdefault(stream, []).append((a, b))
+    return {s: _merged(spans) for s, spans in found.items()}
+
+
+class StoreCommits:
+    """Commit records of runs writing into a folder of an object store (or any pyarrow FileSystem).
+
+    The same records as `FileCommits`, at the same place (`<output>/_rmqs_commits/<token>.json`),
+    each one object written in one PUT: it is there whole or not at all. Nothing is staged or
+    renamed (an object store has no atomic rename): the sink writes each range to its final,
+    range-keyed name (`consume.range_file_name`), whole or not at all, and this record, written
+    after every one of them, is what makes the run committed (`committed.py` reads through it).
+    """
+
+    def __init__(self, location: Any) -> None:
+        self.location = location  # objectstore.Location
+
+    def record_path(self, token: RunToken) -> str:
+        return self.location.path(f"{COMMITS}/{token.value}.json")
+
+    def record(self, token: RunToken) -> CommitRecord | None:
+        """The commit record of `token`, if the run committed."""
+        fs = self.location.fs
+        try:
+            with fs.open_input_stream(self.record_path(token)) as f:
+                body = f.read()
+        except FileNotFoundError:
+            return None
+        return CommitRecord(**json.loads(body))
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every commit record in the folder, as JSON (unreadable ones skipped).
+
+        One listing, then the records read 16 at a time: each is a round trip to the store, and a
+        folder an hourly pipeline writes holds thousands of them after a year.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyarrow import fs as pafs
+
+        fs = self.location.fs
+        selector = pafs.FileSelector(self.location.path(COMMITS), allow_not_found=True)
+        paths = [
+            i.path
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File and i.path.endswith(".json")
+        ]
+
+        def read(path: str) -> dict[str, Any] | None:
+            try:
+                with fs.open_input_stream(path) as f:
+                    found: dict[str, Any] = json.loads(f.read())
+                    return found
+            except (OSError, ValueError):
+                return None
+
+        if len(paths) <= 1:
+            found = [read(p) for p in paths]
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(16, len(paths)), thread_name_prefix="rmqs-commits"
+            ) as pool:
+                found = list(pool.map(read, paths))
+        return [r for r in found if r is not None]
+
+    def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
+        """As `FileCommits.committed_spans`."""
+        return spans_committed(self.records(), token)
+
+    def path_of(self, relative: str) -> str:
+        return str(self.location.uri_of(relative))
+
+    def commit(self, token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
+        """Write the commit record: one object, after every file of the run is complete."""
+        record = new_record(token, files, rows, size)
+        with self.location.fs.open_output_stream(self.record_path(token)) as f:
+            f.write(json.dumps(asdict(record), indent=1).encode())
+        return record
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

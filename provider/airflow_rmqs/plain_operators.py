@@ -26,6 +26,7 @@ from airflow_rmqs.operator_base import (
     pipeline_of,
     retries_of,
 )
+from pyspark_rmqs.objectstore import storage_secrets
 
 
 def resolve_callable(value: Callable[..., Any] | str, param: str) -> Callable[..., Any]:
@@ -68,11 +69,17 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
     :param apply_function: a callable or a dotted path (`my_pkg.sink.handle`) called with every
         `pyarrow.RecordBatch` of the source schema (`value`, `stream`, `offset`, `chunk_timestamp`
         and the `metadata_fields`), then `*apply_function_args, **apply_function_kwargs`.
-    :param output_path: instead, a directory (or `s3://...` URI pyarrow can write): one Parquet file
-        per partition stream and run, `<stream>-<start>-<end>-<run>.parquet` (`<run>`: the run's
-        token), written under a temporary name and renamed when complete; a retry of the same run
-        replaces it, another consumer or a re-created stream never does. A local folder also
-        gets a commit record per run (`_rmqs_commits/`): a retry of a committed range reads nothing.
+    :param output_path: instead, a directory or an object store URI (`s3://bucket/orders`): one
+        Parquet file per partition stream and run, `<stream>-<start>-<end>-<run>.parquet` (`<run>`:
+        the run's token), complete or absent (renamed into place; an object's upload completes
+        whole); a retry of the same run replaces it, another consumer or a re-created stream never
+        does. Then a commit record per run (`_rmqs_commits/<token>.json`, the manifest of its
+        files): a retry of a committed range reads nothing, and readers that must see committed
+        runs only read through it (`pyspark_rmqs.committed.committed_dataset`).
+    :param output_conn_id: the Airflow connection holding the output's credentials (templated), as
+        `aws_conn_id` elsewhere: an `aws`-style connection (Login/Password = access key id/secret,
+        extra `endpoint_url`, `region_name`) and/or extra `storage_options` (fsspec). Without it,
+        `s3://` is reached with the worker's AWS environment (pyarrow). See `airflow_rmqs.storage`.
     :param output_format: "parquet" (default) or "iceberg": then `output_path` is an Iceberg table
         (`namespace.table`, created from the source schema) in the pyiceberg catalog configured by
         `iceberg_catalog` (pyiceberg catalog properties, e.g. `{"type": "sql", "uri": "sqlite:///...",
@@ -89,6 +96,7 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
     template_fields: Sequence[str] = (
         *BOUNDED_READ_FIELDS,
         "output_path",
+        "output_conn_id",
         "apply_function_args",
         "apply_function_kwargs",
         "source_options",
@@ -104,6 +112,7 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         output_path: str | None = None,
         output_format: str = "parquet",
         iceberg_catalog: Mapping[str, str] | None = None,
+        output_conn_id: str | None = None,
         source_options: Mapping[str, str] | str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -118,20 +127,31 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         self.output_path = output_path
         self.output_format = output_format
         self.iceberg_catalog = dict(iceberg_catalog or {})
+        self.output_conn_id = output_conn_id
         self.source_options = source_options
 
     def _lineage_paths(self) -> tuple[list[str], list[str]]:
         return [], [str(self.output_path)] if self.output_path else []
 
-    def _sink(self) -> Any:
+    def _storage_options(self) -> dict[str, Any]:
+        """The output's credentials from `output_conn_id` (none without it)."""
+        if not self.output_conn_id or self.output_path is None:
+            return {}
+        from airflow_rmqs import storage
+
+        return storage.from_connection(self.output_conn_id)
+
+    def _sink(self, options: Mapping[str, Any] | None = None) -> Any:
         from pyspark_rmqs import consume
 
+        options = options or {}
         if self.output_path is not None and self.output_format == "iceberg":
+            from airflow_rmqs.storage import iceberg_properties
             from pyspark_rmqs.iceberg import IcebergSink
 
-            return IcebergSink(str(self.output_path), self.iceberg_catalog)
+            return IcebergSink(str(self.output_path), {**iceberg_properties(options), **self.iceberg_catalog})
         if self.output_path is not None:
-            return consume.ParquetSink(str(self.output_path))
+            return consume.ParquetSink(str(self.output_path), storage_options=options or None)
         fn = resolve_callable(self.apply_function, "apply_function")  # type: ignore[arg-type]
         return consume.FunctionSink(
             fn, *(self.apply_function_args or ()), **(self.apply_function_kwargs or {})
@@ -142,11 +162,14 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
 
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
+            options = self._storage_options()
+        with airflow_failures([*secret_values(conn), *storage_secrets(options)]):
+            sink = self._sink(options)  # before planning: a bad output fails without holding the lease
             plan = self.plan(conn, "consuming", context)
             summary = consume.run_consume(
                 conn,
                 plan,
-                self._sink(),
+                sink,
                 store_watermark=self.stores,
                 metadata_fields=self.metadata_fields,
                 source_options=values.options(self.source_options, "source_options"),

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as pads
 import pytest
 from dagster import (
     DagsterEventType,
@@ -20,11 +21,18 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from pyspark.sql import SparkSession
 
-from dagster_rmqs import RabbitMQStreamsResource, build_new_data_sensor, build_stream_asset
+from dagster_rmqs import (
+    ObjectStoreResource,
+    RabbitMQStreamsResource,
+    build_new_data_sensor,
+    build_stream_asset,
+)
+from pyspark_rmqs.committed import committed_dataset
 from pyspark_rmqs.errors import ConfigurationError
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish
+from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.dagster, pytest.mark.slow]
 FMT = "%Y-%m-%d-%H:%M"
@@ -146,32 +154,43 @@ def test_an_open_window_materialized_again_after_it_closed_holds_every_offset_on
     broker: BrokerSettings,
     streams: StreamFactory,
     rabbitmq: RabbitMQStreamsResource,
+    s3: S3Server,
     tmp_path: Path,
 ) -> None:
     """Issue "Time-window partitions" (a): 50 published, the window read open ([0, 30)) then closed.
 
     Every offset once in each engine's output: the closed window's output replaces the open one's,
     it is never added next to it (the old code wrote `[0, 30)` and `[0, 50)`: 80 rows). The stream
-    is idle after the window: only the broker's clock (a probe) can close it.
+    is idle after the window: only the broker's clock (a probe) can close it. `arrow_s3` is the
+    Spark-free engine into `s3://` (moto's server) with an `ObjectStoreResource`: the window's
+    objects and manifest are replaced there too, for manifest readers and listing readers alike.
     """
     s = streams.stream()
     wait_for_second(0, 15)
     m = minute(datetime.now(UTC))
     key = m.strftime(FMT)
     pdef = minute_windows(m)
-    engines = ("spark", "arrow")
+    engines = ("spark", "arrow", "arrow_s3")
+    bucket = s3.new_bucket()
+    lake = ObjectStoreResource(
+        aws_access_key_id=s3.key,
+        aws_secret_access_key=s3.secret,
+        endpoint_url=s3.endpoint,
+        region_name=s3.region,
+    )
     assets = {
         e: build_stream_asset(
             f"w_{e}",
             stream=s,
             consumer_name="dgw",
-            output_path=str(tmp_path / e),
+            output_path=f"s3://{bucket}/w" if e == "arrow_s3" else str(tmp_path / e),
             partitions_def=pdef,
-            engine=e,
+            engine="arrow" if e == "arrow_s3" else e,
+            output_storage_key="lake" if e == "arrow_s3" else None,
         )
         for e in engines
     }
-    resources = {"rabbitmq": rabbitmq, "spark": spark}
+    resources = {"rabbitmq": rabbitmq, "spark": spark, "lake": lake}
     instance = DagsterInstance.ephemeral()
 
     def run() -> dict[str, dict[str, Any]]:
@@ -189,7 +208,13 @@ def test_an_open_window_materialized_again_after_it_closed_holds_every_offset_on
     closed = run()
 
     for e in engines:
-        offsets = [o for o, _ in rows(spark, tmp_path / e)]
+        if e == "arrow_s3":
+            committed = committed_dataset(f"s3://{bucket}/w", storage_options=lake.fsspec_options())
+            listed = pads.dataset(f"{bucket}/w", filesystem=s3.pyarrow_fs(), format="parquet")
+            offsets = committed.to_table(columns=["offset"]).column("offset").to_pylist()
+            assert sorted(listed.to_table(columns=["offset"]).column("offset").to_pylist()) == sorted(offsets)
+        else:
+            offsets = [o for o, _ in rows(spark, tmp_path / e)]
         assert sorted(offsets) == list(range(50)), f"{e}: {len(offsets)} rows for 50 offsets"
         assert (opened[e]["window_open"], closed[e]["window_open"]) == (True, False), e
         assert (opened[e]["end_offsets"], closed[e]["end_offsets"]) == ({s: 30}, {s: 50}), e

@@ -49,9 +49,10 @@ OPTIONAL = {
     "iceberg": ("pyiceberg",),
     "pkcs12": ("cryptography",),
     "testing": ("pytest", "testcontainers", "docker"),  # pytest_rmqs
+    "s3": ("s3fs",),
 }
 ALL_OPTIONAL = sorted({name for names in OPTIONAL.values() for name in names})
-EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12", "testing"]
+EXTRAS = ["", "spark", "airflow", "dagster", "connect", "openlineage", "iceberg", "pkcs12", "testing", "s3"]
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:

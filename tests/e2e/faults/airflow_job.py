@@ -3,8 +3,9 @@
     python -m tests.e2e.faults.airflow_job CONFIG_JSON
 
 CONFIG_JSON: {"operator": "read" | "consume", "conn_id", "consumer", "out", "kill", "try_number"} and
-"stream" or "superstream". The Airflow connection `conn_id` comes from the environment
-(`AIRFLOW_CONN_<CONN_ID>`), as a worker's secrets backend would give it. `kill` is a point of
+"stream" or "superstream"; optionally "output_conn_id" (the consume operator's output credentials).
+The Airflow connections come from the environment (`AIRFLOW_CONN_<CONN_ID>`), as a worker's
+secrets backend would give them. `kill` is a point of
 `kill_points` (`sink`, `commit`, `stored`), where the task process sends itself SIGKILL, or `none`:
 the try runs to its end and prints its XCom value (the run summary) as JSON after `XCOM`.
 The context holds a task instance with the DAG and task ids and the try number, as Airflow's does.
@@ -39,7 +40,7 @@ def operator(cfg: dict[str, Any]) -> Any:
         conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         return RabbitMQStreamReadOperator(spark_master="local[2]", spark_conf=conf, **common)
-    return RabbitMQStreamConsumeOperator(**common)
+    return RabbitMQStreamConsumeOperator(output_conn_id=cfg.get("output_conn_id"), **common)
 
 
 def main(cfg: dict[str, Any]) -> None:

@@ -4,7 +4,10 @@
 
 CONFIG_JSON: {"endpoints", "username", "password", "vhost", "superstream", "consumer", "out", "kill"};
 `kill`: `sink` (after the first partition stream's file is in place, the others not written),
-`commit` (after the commit record, before the watermark store) or `stored` (after the store).
+`commit` (after the commit record, before the watermark store) or `stored` (after the store), or
+any other point of `kill_points.py`. With `"storage": "pyarrow"` or `"fsspec"` the output is an
+object store (`out` an `s3://` URI) reached through pyarrow's S3 file system or fsspec's s3fs,
+signed with the AWS environment the test passes (the credentials are never in the arguments).
 """
 
 from __future__ import annotations
@@ -24,9 +27,55 @@ def main(cfg: dict[str, Any]) -> None:
     kill = cfg["kill"]
     arm(kill, engine="arrow")
     plan = jobs.plan_read(conn, superstream=cfg["superstream"], consumer=cfg["consumer"])
-    consume.run_consume(conn, plan, consume.ParquetSink(cfg["out"]))
+    consume.run_consume(conn, plan, sink(cfg))
     if kill == "stored":
         die()
+
+
+def sink(cfg: dict[str, Any]) -> Any:
+    """A ParquetSink into `out`, or with `"iceberg": {catalog properties}` an IcebergSink of table
+    `out` whose warehouse is on the object store (S3 properties from the AWS environment)."""
+    import os
+
+    from pyspark_rmqs import consume
+
+    if cfg.get("iceberg"):
+        from pyspark_rmqs.iceberg import IcebergSink
+
+        s3 = {
+            "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": os.environ["AWS_SECRET_ACCESS_KEY"],
+            "s3.endpoint": os.environ["AWS_ENDPOINT_URL"],
+            "s3.region": os.environ["AWS_REGION"],
+        }
+        return IcebergSink(cfg["out"], {**cfg["iceberg"], **s3})
+    return consume.ParquetSink(cfg["out"], **storage(cfg.get("storage")))
+
+
+def storage(kind: str | None) -> dict[str, Any]:
+    """The ParquetSink arguments reaching the object store the AWS environment names."""
+    import os
+
+    if kind is None:
+        return {}
+    if kind == "pyarrow":
+        from pyarrow import fs
+
+        return {
+            "filesystem": fs.S3FileSystem(
+                access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                endpoint_override=os.environ["AWS_ENDPOINT_URL"],
+                region=os.environ["AWS_REGION"],
+            )
+        }
+    return {
+        "storage_options": {
+            "key": os.environ["AWS_ACCESS_KEY_ID"],
+            "secret": os.environ["AWS_SECRET_ACCESS_KEY"],
+            "endpoint_url": os.environ["AWS_ENDPOINT_URL"],
+        }
+    }
 
 
 if __name__ == "__main__":

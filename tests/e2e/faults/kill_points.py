@@ -5,6 +5,12 @@
 path) the first partition stream's Parquet file is in place and the others are not written.
 `commit`: the output is committed and the process dies instead of storing the watermark.
 `stored`: the caller dies after the run returned (the watermark is stored).
+
+The Spark-free path has three more (`engine="arrow"`), which the object-store tests use:
+`writing`: inside the first range's file, after its first batch (an upload not completed);
+`manifest`: every range's file complete, the commit record (the manifest) not written;
+`delivered`: the commit record written, the run record not yet moved to `delivered`.
+`table`: an Iceberg run's data files written, its table commit not made.
 """
 
 from __future__ import annotations
@@ -40,5 +46,40 @@ def arm(kill: str, *, engine: str = "spark") -> None:
             die()
 
         consume.ParquetSink.close = close_then_die  # type: ignore[method-assign]
+    elif kill == "writing" and engine == "arrow":
+        real_write = consume.ParquetSink.write
+
+        def write_then_die(self: Any, batch: Any) -> None:
+            real_write(self, batch)
+            die()
+
+        consume.ParquetSink.write = write_then_die  # type: ignore[method-assign]
+    elif kill == "manifest" and engine == "arrow":
+        from pyspark_rmqs import delivery
+
+        delivery.StoreCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
+        delivery.FileCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
+    elif kill == "table":
+        from pyspark_rmqs.iceberg import IcebergSink
+
+        real_commit = IcebergSink.commit_run
+
+        def flush_then_die(self: Any) -> None:
+            self._flush()  # the data files are written to the warehouse; no snapshot names them
+            die()
+
+        IcebergSink.commit_run = flush_then_die  # type: ignore[method-assign]
+        del real_commit
+    elif kill == "delivered":
+        from pyspark_rmqs.runs import record
+
+        real_advance = record.advance
+
+        def advance_unless_delivered(conn: Any, rec: Any, state: str) -> Any:
+            if state == record.DELIVERED:
+                die()
+            return real_advance(conn, rec, state)
+
+        record.advance = advance_unless_delivered  # type: ignore[assignment]
     elif kill == "commit":
         jobs.store_watermarks_checked = lambda *a, **k: die()  # type: ignore[assignment]

@@ -1,0 +1,228 @@
+"""Where a Spark-free run writes files: a local folder or an object store, as one pyarrow FileSystem.
+
+Exactly-once into files needs two things of the place it writes (`delivery.py`): that a file
+appears whole or not at all, and that a commit record written last can be read back. A local
+folder gets both from a rename. An object store (S3 and anything speaking its API) has no rename,
+but every object appears whole when its upload completes (a single PUT, or a multipart upload's
+completion): an object written straight to its final, range-keyed name is either there complete or
+not there, and a process killed mid-upload leaves nothing a reader can list. So on an object store
+a run writes its objects under their final names, then its commit record (one object: the
+manifest of the run's objects), and readers that must never see an uncommitted run read through
+the manifests (`committed.py`).
+
+The file system comes from, in this order: an explicit `filesystem` (a `pyarrow.fs.FileSystem`
+or an fsspec file system, e.g. `s3fs.S3FileSystem`), `storage_options` (fsspec options for the
+URI's scheme, as pandas and Dask take them: `{"key", "secret", "endpoint_url", ...}`; needs
+`rmqs[s3]` for `s3://`), else pyarrow's own file system for the URI (for `s3://`: the AWS
+environment and configuration chain, `AWS_ENDPOINT_URL` included).
+
+Storage options hold credentials: they are never part of a message, a log line or a summary;
+`storage_secrets` names them for the edges' redaction.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark_rmqs.errors import ConfigurationError
+
+# Parts of fsspec / s3fs / adlfs / gcsfs option names that hold credentials (compared without case
+# or `_`); an access key id is masked too: it names the account.
+_SECRET_KEYS = ("secret", "token", "password", "key", "credential", "sas", "accountkey", "privatekey")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A folder of a file system: `fs` and the path of the folder in it (`base`, no trailing `/`)."""
+
+    fs: Any  # pyarrow.fs.FileSystem
+    base: str
+    # The folder as the user named it (a path or a URI without credentials): for messages and XCom.
+    uri: str
+    # A local (or mounted) file system: renames are atomic there; on an object store they are copies.
+    local: bool
+
+    def path(self, relative: str) -> str:
+        """The file system path of `relative` (a `/`-separated path under the folder)."""
+        return f"{self.base}/{relative}" if self.base else relative
+
+    def uri_of(self, relative: str) -> str:
+        """`relative` as a URI (or local path) a user can open: `s3://bucket/orders/x.parquet`."""
+        return f"{self.uri.rstrip('/')}/{relative}"
+
+    def relative(self, path: str) -> str:
+        """The inverse of `path`."""
+        prefix = f"{self.base}/" if self.base else ""
+        return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def is_remote(uri: str) -> bool:
+    """Whether `uri` names a file system other than the local one (`s3://`, `gs://`, ...)."""
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    return bool(scheme) and scheme != "file"
+
+
+def locate(
+    uri: str,
+    *,
+    filesystem: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Location:
+    """The folder `uri` on its file system (see the module docstring for which one is used)."""
+    from pyarrow import fs as pafs
+
+    if filesystem is not None and storage_options:
+        raise ConfigurationError("give 'filesystem' or 'storage_options', not both")
+    if not is_remote(uri) and filesystem is None and not storage_options:
+        folder = os.path.abspath(uri.removeprefix("file://").removeprefix("file:"))
+        return Location(pafs.LocalFileSystem(), folder.rstrip("/"), folder, True)
+    scheme, _, rest = uri.partition("://")
+    if filesystem is not None:
+        fs = _as_pyarrow(filesystem)
+        path = rest if "://" in uri else uri
+    elif storage_options:
+        fs = _fsspec(scheme, storage_options)
+        path = rest
+    else:
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+        except (OSError, ValueError) as e:  # pyarrow's message may quote the URI: secrets masked
+            from pyspark_rmqs.redact import redact_text
+
+            query = uri.partition("?")[2]
+            hidden = [v for part in query.split("&") if (v := part.partition("=")[2])]
+            raise ConfigurationError(
+                f"output_path {_shown(uri)!r}: pyarrow has no file system for it "
+                f"({redact_text(str(e), hidden)}); give storage_options (fsspec) or a filesystem"
+            ) from None
+    return Location(fs, path.rstrip("/"), _shown(uri), isinstance(fs, pafs.LocalFileSystem))
+
+
+def _as_pyarrow(filesystem: Any) -> Any:
+    """A pyarrow FileSystem as it is; an fsspec file system wrapped in pyarrow's handler."""
+    from pyarrow import fs as pafs
+
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - pyarrow or fsspec is how a file system is given
+        fsspec = None
+    if fsspec is not None and isinstance(filesystem, fsspec.AbstractFileSystem):
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+    raise ConfigurationError(
+        "filesystem must be a pyarrow.fs.FileSystem or an fsspec file system; "
+        f"got {type(filesystem).__name__}"
+    )
+
+
+def _fsspec(scheme: str, storage_options: Mapping[str, Any]) -> Any:
+    from pyarrow import fs as pafs
+
+    try:
+        import fsspec
+
+        impl = fsspec.get_filesystem_class(scheme)
+    except ImportError as e:
+        extra = " (pip install 'rmqs[s3]')" if scheme in ("s3", "s3a") else ""
+        raise ConfigurationError(
+            f"storage_options for '{scheme}://' need fsspec's '{scheme}' file system{extra}: {e.msg}"
+        ) from None
+    except ValueError:
+        raise ConfigurationError(
+            f"storage_options: fsspec knows no file system for '{scheme}://'; valid: a scheme fsspec "
+            "supports (s3, gcs, abfs, ...)"
+        ) from None
+    try:
+        # A fresh instance: fsspec caches instances by their options, and a cached one outlives a
+        # credential rotation the caller made.
+        fs = impl(**dict(storage_options), skip_instance_cache=True)
+    except TypeError as e:
+        bad = re.findall(r"'(\w+)'", str(e))
+        raise ConfigurationError(
+            f"storage_options for '{scheme}://': {impl.__name__} does not take {bad or 'these options'}; "
+            f"given: {sorted(storage_options)}"
+        ) from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def _shown(uri: str) -> str:
+    """`uri` without user-info (an `s3://KEY:SECRET@bucket` form) and without its query (pyarrow
+    takes `?access_key=...&secret_key=...` there): what messages, summaries and file names show."""
+    from pyspark_rmqs.redact import redact_uri
+
+    uri = uri.split("?", 1)[0]
+    return redact_uri(uri) if "://" in uri else uri
+
+
+def storage_secrets(storage_options: Mapping[str, Any] | None) -> list[str]:
+    """The credential values in fsspec storage options (nested `client_kwargs` included): what an
+    edge (an Airflow task, a Dagster run) masks in any message it passes on."""
+    found: list[str] = []
+
+    def walk(options: Mapping[str, Any]) -> None:
+        for k, v in options.items():
+            if isinstance(v, Mapping):
+                walk(v)
+            elif v is not None and _secret_key(str(k)):
+                found.append(str(v))
+
+    walk(storage_options or {})
+    return [s for s in dict.fromkeys(found) if len(s) >= 4]
+
+
+def _secret_key(key: str) -> bool:
+    k = re.sub(r"[._-]", "", key.lower())
+    return any(part in k for part in _SECRET_KEYS)
+
+
+def without_secrets(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`storage_options` as they may be shown: credential values masked."""
+    out: dict[str, Any] = {}
+    for k, v in (storage_options or {}).items():
+        if isinstance(v, Mapping):
+            out[k] = without_secrets(v)
+        else:
+            out[k] = "***" if _secret_key(str(k)) else v
+    return out
+
+
+def s3_storage_options(
+    *,
+    key: str | None = None,
+    secret: str | None = None,
+    token: str | None = None,
+    endpoint_url: str | None = None,
+    region_name: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """fsspec (s3fs) storage options from S3 credentials and an endpoint, `extra` merged last.
+
+    The one mapping the Airflow connection (`airflow_rmqs.storage`) and the Dagster resource
+    (`dagster_rmqs.ObjectStoreResource`) share.
+    """
+    options: dict[str, Any] = {}
+    for name, value in (("key", key), ("secret", secret), ("token", token), ("endpoint_url", endpoint_url)):
+        if value:
+            options[name] = value
+    if region_name:
+        options["client_kwargs"] = {"region_name": region_name}
+    options.update(extra or {})
+    return options
+
+
+def iceberg_s3_properties(options: Mapping[str, Any]) -> dict[str, str]:
+    """pyiceberg FileIO properties (`s3.access-key-id`, ...) for the same S3 credentials and endpoint
+    as fsspec storage `options`: an Iceberg warehouse on that store."""
+    names = {"key": "s3.access-key-id", "secret": "s3.secret-access-key", "token": "s3.session-token"}
+    props = {names[k]: str(v) for k, v in options.items() if k in names and v}
+    if options.get("endpoint_url"):
+        props["s3.endpoint"] = str(options["endpoint_url"])
+    region = (options.get("client_kwargs") or {}).get("region_name")
+    if region:
+        props["s3.region"] = str(region)
+    return props
