@@ -49,6 +49,7 @@ from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.bridge import Bridge, Gap
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
+from pyspark_rmqs.broker.placement import connect_for
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import (
@@ -58,6 +59,7 @@ from pyspark_rmqs.broker.recovery import (
     SUBSCRIBE_TIMEOUT_S,
     retry_sync,
 )
+from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
@@ -115,6 +117,7 @@ class RangeReader:
         self.chunks = 0  # user chunks taken (benchmarks report messages per chunk from it)
         self.lost: list[tuple[int, int]] = []  # ranges lost to retention or deletion (failOnDataLoss=false)
         self.subscriptions = 0  # (re)subscriptions made: 1 for a read no broker restart interrupted
+        self.nodes: list[Node | None] = []  # the node of each subscription, as it advertises itself
         self.unfiltered_from: int | None = None  # where a filtered read went on unfiltered, if it did
         self.decode_s = 0.0  # turning chunks into Arrow batches (measured per chunk and per batch)
         self._busy_s = 0.0  # all the time spent inside the iterator (fetch_s is this minus decode_s)
@@ -363,7 +366,9 @@ class RangeReader:
         return self._filtered and idle_s >= _FILTER_IDLE_END_S
 
     async def _subscribe(self, offset: int) -> tuple[RmqsClient, Bridge]:
-        client = await get_pool().acquire(self.conn, "rmqs-reader")
+        # A replica, else the leader (a node with no member of the stream cannot serve a subscription).
+        client = await connect_for(self.conn, self.stream, "read", "rmqs-reader")
+        self.nodes.append(node_of(client.server_properties))
         sub = client.alloc_subscription_id()
         bridge = Bridge(
             client,
