@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.topology import Node, Role, Topology, node_of, query_topology
@@ -44,6 +46,38 @@ async def topology(conn: Any, stream: str) -> tuple[Topology, Node | None]:
 async def connect_for(conn: Any, stream: str, role: Role, name: str) -> RmqsClient:
     """A connection (from the pool: give it back with `release` or `discard`) on the node that
     `role` wants for `stream`: the leader to write, a replica (else the leader) to read."""
+    pool = get_pool()
+
+    async def through_seeds(node: Node) -> RmqsClient | None:
+        client = await pool.acquire(conn, name)
+        if node_of(client.server_properties) in (node, None):
+            return client
+        pool.release(conn, client)  # an idle seeds' connection on another node: dial `node`
+        return None
+
+    return await _on_member(conn, stream, role, through_seeds, lambda node: pool.acquire(conn, name, node))
+
+
+async def open_for(conn: Any, stream: str, role: Role, name: str) -> RmqsClient:
+    """`connect_for`, on a connection of its own (not pooled: the caller closes it)."""
+
+    async def through_seeds(node: Node) -> RmqsClient | None:
+        client = await connect(conn, name)
+        if node_of(client.server_properties) in (node, None):
+            return client
+        await client.close()
+        return None
+
+    return await _on_member(conn, stream, role, through_seeds, lambda node: connect(conn, name, node))
+
+
+async def _on_member(
+    conn: Any,
+    stream: str,
+    role: Role,
+    through_seeds: Callable[[Node], Awaitable[RmqsClient | None]],
+    direct: Callable[[Node], Awaitable[RmqsClient]],
+) -> RmqsClient:
     topo, seed_node = await topology(conn, stream)
     candidates = topo.candidates(role)
     if not candidates:
@@ -51,17 +85,15 @@ async def connect_for(conn: Any, stream: str, role: Role, name: str) -> RmqsClie
             f"stream '{stream}' has no leader at the moment (the cluster is electing one); "
             "retrying as for a restarting broker"
         )
-    pool = get_pool()
     errors: list[str] = []
     for node in candidates:
         if node == seed_node:
-            client = await pool.acquire(conn, name)
-            if node_of(client.server_properties) in (node, None):
+            client = await through_seeds(node)
+            if client is not None:
                 log.debug("%s '%s' on %s (through the seeds)", role, stream, node)
                 return client
-            pool.release(conn, client)  # an idle seeds' connection on another node: dial `node`
         try:
-            client = await pool.acquire(conn, name, node)
+            client = await direct(node)
         except BrokerUnavailableError as e:
             errors.append(str(e))
             continue

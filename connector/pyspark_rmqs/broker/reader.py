@@ -35,7 +35,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,12 +169,13 @@ class RangeReader:
                 # pollTimeoutMs / maxWaitMs: the connection is fine, the data is not there; no retry.
                 run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 raise
-            except BrokerUnavailableError:
+            except BrokerUnavailableError as e:
                 reconnects = 1 if self.next_offset > resumed_at else reconnects + 1
                 if reconnects > _MAX_RECONNECTS:
                     raise
                 log.warning(
-                    "connection lost reading '%s' at offset %d; resubscribing (%d/%d)",
+                    "%s; resubscribing to '%s' at offset %d (%d/%d)",
+                    e,
                     self.stream,
                     self.next_offset,
                     reconnects,
@@ -380,6 +381,7 @@ class RangeReader:
             credits=self.s.initial_credits,
         )
         client.deliver_sinks[sub] = bridge.on_chunk
+        client.add_handler(schema.MetadataUpdate, self._on_metadata(bridge), name=f"rmqs-read-{sub}")
         props: dict[str, str] = {}
         if self._filtered:
             for i, v in enumerate(self.s.filter_values):
@@ -395,16 +397,35 @@ class RangeReader:
             )
         except rx.StreamDoesNotExist as e:
             client.deliver_sinks.pop(sub, None)
+            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             get_pool().release(self.conn, client)
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
         except BaseException:
             client.deliver_sinks.pop(sub, None)
+            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             await get_pool().discard(client)
             raise
         return client, bridge
 
+    def _on_metadata(self, bridge: Bridge) -> Callable[[schema.MetadataUpdate], None]:
+        """The broker ends a subscription with a MetadataUpdate when the stream's member it reads
+        from goes away: a replica restarts to follow a new leader when the leader's node dies, and
+        its consumers receive nothing more. Resubscribe (asking the metadata again) at once."""
+
+        def on_update(frame: schema.MetadataUpdate) -> None:
+            if frame.metadata_info.stream == self.stream:
+                bridge.fail(
+                    BrokerUnavailableError(
+                        f"the broker ended the subscription to '{self.stream}' (the stream's member "
+                        f"moved or restarted: code {frame.metadata_info.code})"
+                    )
+                )
+
+        return on_update
+
     async def _close(self, client: RmqsClient, bridge: Bridge, reuse: bool) -> None:
         client.deliver_sinks.pop(bridge.sub, None)
+        client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{bridge.sub}")
         if reuse and client.is_connection_alive():
             try:
                 await asyncio.wait_for(client.unsubscribe(bridge.sub), 10)
