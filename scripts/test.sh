@@ -8,6 +8,7 @@
 #    hands out the long tests first.
 # 2. The tests marked `serial` (they stop, restart or pause the broker, or count its connections),
 #    alone against the broker, while the unit tier (no broker, no Spark) uses the other core.
+# The cluster tier (tests/cluster, `make test-cluster`) is in neither phase.
 # Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), the
 # machine's CPU over the run, and a closing `N passed, N failed, N skipped` line over every run.
 # Arguments go to every pytest run (a path selects within each phase).
@@ -25,7 +26,7 @@ cpu0=$(busy)
 start=$SECONDS
 xdist=()
 if [[ $WORKERS -gt 1 ]]; then xdist=(-n "$WORKERS" --dist loadgroup); fi
-"$PY" -m pytest "${xdist[@]}" -m "not serial and not unit" --junitxml "$out/parallel.xml" "$@"
+"$PY" -m pytest "${xdist[@]}" -m "not serial and not unit and not cluster" --junitxml "$out/parallel.xml" "$@"
 parallel=$?
 first=$((SECONDS - start))
 "$PY" -m pytest -m unit --junitxml "$out/unit.xml" "$@" >"$out/unit.log" 2>&1 &
