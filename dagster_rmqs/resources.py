@@ -46,6 +46,10 @@ class RabbitMQStreamsResource(StreamsHandle, ConfigurableResource):
     tls_truststore_password: str | None = None
     tls_keystore: str | None = None
     tls_keystore_password: str | None = None
+    address_resolver_class: str | None = Field(
+        default=None,
+        description="Dotted path of an addressResolverClass (load balancers, NAT: docs/operations.md).",
+    )
     metadata_timeout_s: float = Field(
         default=40.0, description="Bound on one metadata call (sensors must finish within 60 s)."
     )
@@ -71,6 +75,7 @@ class RabbitMQStreamsResource(StreamsHandle, ConfigurableResource):
             "tls.truststorePassword": self.tls_truststore_password,
             "tls.keystore": self.tls_keystore,
             "tls.keystorePassword": self.tls_keystore_password,
+            "addressResolverClass": self.address_resolver_class,
         }
         return parse_connection_options({k: _value(v) for k, v in raw.items() if v is not None})
 

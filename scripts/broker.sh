@@ -582,6 +582,13 @@ start_node() {
             return 1
         fi
         if [[ -n "$(pids_named beam.smp "${pids[@]}")" ]]; then
+            # A cluster node whose Erlang VM runs with the rabbit application stopped (seen after a
+            # fault test killed another node while it booted): start the application again.
+            if clustered && as_rabbit rabbitmqctl -q -n "$(node_name)" -t 10 eval 'rabbit_boot_state:get().' 2>/dev/null | grep -qx stopped; then
+                log "$what runs with its rabbit application stopped: starting it"
+                as_rabbit rabbitmqctl -q -n "$(node_name)" -t 120 start_app >/dev/null 2>&1 || true
+                if running; then return 1; fi
+            fi
             die "$what of ours is running but does not answer (pids ${pids[*]}, see $(logfile)): run $0 restart"
         fi
         # e.g. an epmd that a CLI call (`ctl`) started while the broker was down

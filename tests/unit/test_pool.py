@@ -29,7 +29,7 @@ class Conn:
 def test_acquire_reuses_released_connections_and_evicts_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     made: list[FakeClient] = []
 
-    async def fake_connect(conn: object, name: str = "rmqs") -> FakeClient:
+    async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
         made.append(FakeClient())
         return made[-1]
 

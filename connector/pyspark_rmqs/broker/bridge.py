@@ -118,6 +118,10 @@ class Bridge:
         self._taken.extend(got)
         return self._taken.popleft()
 
+    def fail(self, error: BaseException) -> None:  # loop thread
+        """End the read with `error`, after the chunks already received (they are handed over first)."""
+        self.loop.call_soon(self.q.put, error)
+
     def _put(self, item: Chunk | Gap) -> None:  # loop thread
         if not self._turn:
             self.loop.call_soon(self._hand_over)

@@ -20,9 +20,11 @@ from rstream import schema
 from rstream.constants import OffsetType
 
 from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.placement import probe_locator
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, retry_async
+from pyspark_rmqs.broker.topology import Node
 from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
@@ -244,7 +246,7 @@ class AsyncBrokerClient:
         `PROBE_TIMEOUT_S`). Chunk data is kept only for the last chunk. With `every_chunk`, the
         broker delivers offset-tracking chunks too (`EVERY_CHUNK`).
         """
-        client = await self._locator()
+        client, node = await probe_locator(self.conn, stream)  # a member's node: subscriptions need one
         sub = client.alloc_subscription_id()
         q: asyncio.Queue[Chunk] = asyncio.Queue()
         client.deliver_sinks[sub] = q.put_nowait
@@ -266,7 +268,7 @@ class AsyncBrokerClient:
                         return out
                     await client.credit(sub, 1)
             finally:
-                await self._unsubscribe(client, sub)
+                await self._unsubscribe(client, sub, node)
         finally:
             client.deliver_sinks.pop(sub, None)
 
@@ -304,13 +306,13 @@ class AsyncBrokerClient:
             raise BrokerTimeoutError(f"reading '{stream}': the broker did not deliver its chunks in time")
         return None
 
-    async def _unsubscribe(self, client: RmqsClient, sub: int) -> None:
+    async def _unsubscribe(self, client: RmqsClient, sub: int, node: Node | None = None) -> None:
         """End a probe subscription; a broker that does not answer loses the metadata connection instead."""
         try:
             await asyncio.wait_for(client.unsubscribe(sub), PROBE_TIMEOUT_S * 2)
         except Exception:  # gone with the stream, or the broker is paused: do not leave it half open
             log.debug("unsubscribe after a probe failed; dropping the metadata connection", exc_info=True)
-            await get_pool().drop_locator(self.conn)
+            await get_pool().drop_locator(self.conn, node)
 
     async def offset_for_timestamp(self, stream: str, timestamp_ms: int) -> int:
         """The first offset of the first chunk at or after `timestamp_ms`; the tail when there is none.

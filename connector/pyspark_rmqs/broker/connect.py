@@ -1,11 +1,18 @@
 """Open an authenticated stream-protocol connection from `ConnectionOptions`.
 
-Addresses are tried in order; errors become the taxonomy of `errors.py` and name the addresses
-tried, never the password.
+Two kinds of connection: to the seeds (the configured addresses, tried in order: metadata calls,
+and every connection to a single-node broker), and to one node of a cluster that the Metadata
+command named (`node=`; topology.py says which). A node's advertised address is dialled as it is,
+or through `addressResolverClass`. A resolver may send every connection through one address (a
+load balancer): the connection then lands on whichever node the balancer picked, so the client reads
+the node it reached from the connection properties (the broker's `advertised_host` /
+`advertised_port`) and reconnects until it is the wanted one, up to `LANDING_ATTEMPTS` times.
+Errors become the taxonomy of `errors.py` and name the addresses tried, never the password.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from typing import Any
@@ -14,6 +21,7 @@ from rstream import exceptions as rx
 from rstream import schema
 
 from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import AuthenticationError, BrokerUnavailableError, ConfigurationError
 
 
@@ -33,6 +41,9 @@ logging.getLogger("rstream.client").addFilter(_RedactSaslFrames())
 
 log = logging.getLogger(__name__)
 _warned_trust_all = False
+LANDING_ATTEMPTS = 20
+"""Connections through a resolved address (a load balancer) until one lands on the wanted node."""
+LANDING_PAUSE_S = 0.05
 
 
 def ssl_context(conn: Any) -> ssl.SSLContext | None:
@@ -76,48 +87,92 @@ def _secret(conn: Any, name: str) -> str | None:
     return v.get_secret_value() if hasattr(v, "get_secret_value") else str(v)
 
 
-async def connect(conn: Any, name: str = "rmqs") -> RmqsClient:
-    """A started, authenticated client on the first reachable address."""
+async def connect(conn: Any, name: str = "rmqs", node: Node | None = None) -> RmqsClient:
+    """A started, authenticated client on the first reachable seed, or on `node` when given."""
+    if node is not None:
+        return await _connect_node(conn, node, name)
     errors: list[str] = []
     ctx = ssl_context(conn)
-    username = conn.username
-    password = _secret(conn, "password") or ""
     for host, port in _addresses(conn):
-        client = RmqsClient(host, port, ssl_context=ctx, connection_name=name)
-        try:
-            await client.start()
-            await client.authenticate(vhost=conn.vhost, username=username, password=password)
+        client = await _open(conn, host, port, name, ctx, errors)
+        if client is not None:
             return client
-        except (rx.AuthenticationFailure, rx.SASLAuthenticationFailureLoopback) as e:
-            await _close_quietly(client)
-            raise AuthenticationError(
-                f"the broker at {host}:{port} refused user '{username}' (check username and password)"
-            ) from e
-        except rx.VirtualHostAccessFailure as e:
-            await _close_quietly(client)
-            raise AuthenticationError(
-                f"user '{username}' has no access to virtual host '{conn.vhost}' on {host}:{port} "
-                "(the virtual host does not exist, or the user has no permissions there)"
-            ) from e
-        except ssl.SSLCertVerificationError as e:
-            await _close_quietly(client)
-            detail = e.verify_message or e.reason
-            errors.append(f"{host}:{port} (TLS certificate verification failed: {detail})")
-        except ssl.SSLError as e:
-            await _close_quietly(client)
-            reason = str(e.reason or e)
-            if "ALERT" in reason and ("_CA" in reason or "CERTIFICATE" in reason):
-                reason += "; the broker refused the client certificate (tls.certFile / tls.keystore)"
-            errors.append(f"{host}:{port} (TLS: {reason})")
-        except ConnectionRefusedError:
-            await _close_quietly(client)
-            errors.append(f"{host}:{port} (connection refused)")
-        except (OSError, ConnectionError, TimeoutError, rx.ServerError) as e:
-            await _close_quietly(client)
-            errors.append(f"{host}:{port} ({_describe(e, tls=ctx is not None)})")
     if not errors:
         raise ConfigurationError("no broker address: set the 'endpoints' or 'uris' option")
     raise BrokerUnavailableError("could not connect to RabbitMQ Streams at " + ", ".join(errors))
+
+
+async def _connect_node(conn: Any, node: Node, name: str) -> RmqsClient:
+    """A client on `node`: its advertised address, or what `addressResolverClass` maps it to; in the
+    latter case only a connection whose broker says it is `node` is kept (a load balancer)."""
+    ctx = ssl_context(conn)
+    resolver = _resolver(conn)
+    host, port = resolver.resolve(node.host, node.port) if resolver is not None else (node.host, node.port)
+    errors: list[str] = []
+    landed: list[str] = []
+    for _ in range(LANDING_ATTEMPTS if resolver is not None else 1):
+        client = await _open(conn, host, port, name, ctx, errors)
+        if client is None:
+            break
+        reached = node_of(client.server_properties)
+        if resolver is None or reached is None or reached == node:
+            if reached is None and resolver is not None:
+                log.debug("%s:%s advertises no host and port: cannot check it is %s", host, port, node)
+            return client
+        landed.append(str(reached))
+        await _close_quietly(client)
+        await asyncio.sleep(LANDING_PAUSE_S)
+    if landed:
+        raise BrokerUnavailableError(
+            f"connections to {host}:{port} (node {node} through addressResolverClass) landed on "
+            f"{', '.join(sorted(set(landed)))}, never on {node}, in {len(landed)} attempts: the load "
+            "balancer must spread connections over every node, or the resolver must map each node to "
+            "an address that reaches it"
+        )
+    where = f"node {node}" + (f" (through addressResolverClass: {host}:{port})" if resolver else "")
+    raise BrokerUnavailableError(f"could not connect to {where}: " + ", ".join(errors))
+
+
+async def _open(
+    conn: Any, host: str, port: int, name: str, ctx: ssl.SSLContext | None, errors: list[str]
+) -> RmqsClient | None:
+    """A started, authenticated client at host:port; None (with the reason in `errors`) when the
+    address does not answer. Refused credentials and virtual hosts raise: no other address helps."""
+    username = conn.username
+    password = _secret(conn, "password") or ""
+    client = RmqsClient(host, port, ssl_context=ctx, connection_name=name)
+    try:
+        await client.start()
+        await client.authenticate(vhost=conn.vhost, username=username, password=password)
+        return client
+    except (rx.AuthenticationFailure, rx.SASLAuthenticationFailureLoopback) as e:
+        await _close_quietly(client)
+        raise AuthenticationError(
+            f"the broker at {host}:{port} refused user '{username}' (check username and password)"
+        ) from e
+    except rx.VirtualHostAccessFailure as e:
+        await _close_quietly(client)
+        raise AuthenticationError(
+            f"user '{username}' has no access to virtual host '{conn.vhost}' on {host}:{port} "
+            "(the virtual host does not exist, or the user has no permissions there)"
+        ) from e
+    except ssl.SSLCertVerificationError as e:
+        await _close_quietly(client)
+        detail = e.verify_message or e.reason
+        errors.append(f"{host}:{port} (TLS certificate verification failed: {detail})")
+    except ssl.SSLError as e:
+        await _close_quietly(client)
+        reason = str(e.reason or e)
+        if "ALERT" in reason and ("_CA" in reason or "CERTIFICATE" in reason):
+            reason += "; the broker refused the client certificate (tls.certFile / tls.keystore)"
+        errors.append(f"{host}:{port} (TLS: {reason})")
+    except ConnectionRefusedError:
+        await _close_quietly(client)
+        errors.append(f"{host}:{port} (connection refused)")
+    except (OSError, ConnectionError, TimeoutError, rx.ServerError) as e:
+        await _close_quietly(client)
+        errors.append(f"{host}:{port} ({_describe(e, tls=ctx is not None)})")
+    return None
 
 
 def _describe(e: BaseException, *, tls: bool) -> str:
@@ -133,14 +188,21 @@ def _describe(e: BaseException, *, tls: bool) -> str:
 def _addresses(conn: Any) -> list[tuple[str, int]]:
     """Configured addresses, mapped through `addressResolverClass` (load balancers, NAT) when set."""
     addresses = list(conn.addresses())
+    resolver = _resolver(conn)
+    if resolver is None:
+        return addresses
+    return [resolver.resolve(h, p) for h, p in addresses]
+
+
+def _resolver(conn: Any) -> Any:
+    """The `addressResolverClass` instance, or None when the option is not set."""
     path = getattr(conn, "address_resolver_class", None)
     if not path:
-        return addresses
+        return None
     from pyspark_rmqs.extensions import AddressResolver, load
     from pyspark_rmqs.options import ConnectionOptions
 
-    resolver: AddressResolver = load(path, ConnectionOptions.alias("address_resolver_class"), AddressResolver)
-    return [resolver.resolve(h, p) for h, p in addresses]
+    return load(path, ConnectionOptions.alias("address_resolver_class"), AddressResolver)
 
 
 async def _close_quietly(client: RmqsClient) -> None:

@@ -1,7 +1,9 @@
-"""A per-process cache of broker connections keyed by connection settings.
+"""A per-process cache of broker connections keyed by connection settings and node.
 
-Metadata calls share one "locator" connection per settings; readers and writers borrow a
-dedicated connection (one socket each, so partitions do not contend) and return it. Idle
+Metadata calls share one "locator" connection per settings (on the seeds), and probes that must
+subscribe share one per node of a cluster; readers and writers borrow a dedicated connection (one
+socket each, so partitions do not contend) to the node their role wants (placement.py), or to the
+seeds, and return it. Idle
 connections are closed after `IDLE_SECONDS` (60 s, or the environment's `RMQS_POOL_IDLE_SECONDS`:
 the pool is per process, so a process-wide setting, not a read option). A forked Python worker
 starts with an empty pool: sockets and the loop thread do not survive a fork. All methods run on one
@@ -20,6 +22,7 @@ from typing import Any
 
 from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.broker.topology import Node
 
 
 def idle_seconds(environ: Any = os.environ) -> float:
@@ -49,35 +52,40 @@ class ConnectionPool:
         self._locks: dict[Any, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
         self._reached: set[Any] = set()  # settings this process has connected with at least once
+        # client -> the node it was opened for (None: the seeds), so `release` files it where it belongs
+        self._nodes: weakref.WeakKeyDictionary[Any, Node | None] = weakref.WeakKeyDictionary()
 
-    async def locator(self, conn: Any) -> RmqsClient:
-        """The shared metadata connection for these settings, reopened when it died."""
-        key = conn.cache_key()
+    async def locator(self, conn: Any, node: Node | None = None) -> RmqsClient:
+        """The shared metadata connection for these settings (on `node`, else on the seeds),
+        reopened when it died."""
+        key = (conn.cache_key(), node)
         async with self._locks[key]:
             client = self._locators.get(key)
             if client is None or not client.is_connection_alive():
-                client = await connect(conn, "rmqs-locator")
+                client = await connect(conn, "rmqs-locator", node)
                 self._locators[key] = client
-                self._reached.add(key)
+                self._reached.add(conn.cache_key())
             self._start_reaper()
             return client
 
-    async def drop_locator(self, conn: Any) -> None:
-        client = self._locators.pop(conn.cache_key(), None)
+    async def drop_locator(self, conn: Any, node: Node | None = None) -> None:
+        client = self._locators.pop((conn.cache_key(), node), None)
         if client is not None:
             await _close(client)
 
-    async def acquire(self, conn: Any, name: str = "rmqs") -> RmqsClient:
-        """A connection for one reader or writer alone; return it with `release`."""
-        idle = self._idle.get(conn.cache_key(), [])
+    async def acquire(self, conn: Any, name: str = "rmqs", node: Node | None = None) -> RmqsClient:
+        """A connection for one reader or writer alone, on `node` (else on the seeds); return it with
+        `release`."""
+        idle = self._idle.get((conn.cache_key(), node), [])
         while idle:
             _, client = idle.pop()
             if client.is_connection_alive():
                 return client
             await _close(client)
         self._start_reaper()
-        client = await connect(conn, name)
+        client = await connect(conn, name, node)
         self._reached.add(conn.cache_key())
+        self._nodes[client] = node
         return client
 
     def reached(self, conn: Any) -> bool:
@@ -85,10 +93,14 @@ class ConnectionPool:
         return conn.cache_key() in self._reached
 
     def release(self, conn: Any, client: RmqsClient) -> None:
+        node = self._nodes.get(client)
         if client.is_connection_alive():
-            self._idle[conn.cache_key()].append((time.monotonic(), client))
+            self._idle[(conn.cache_key(), node)].append((time.monotonic(), client))
+        else:
+            self._nodes.pop(client, None)
 
     async def discard(self, client: RmqsClient) -> None:
+        self._nodes.pop(client, None)
         await _close(client)
 
     async def evict_idle(self, now: float | None = None) -> int:
@@ -98,6 +110,7 @@ class ConnectionPool:
             keep = [(t, c) for t, c in items if now - t < IDLE_SECONDS and c.is_connection_alive()]
             for t, c in items:
                 if (t, c) not in keep:
+                    self._nodes.pop(c, None)
                     await _close(c)
                     closed += 1
             self._idle[key] = keep
@@ -111,6 +124,7 @@ class ConnectionPool:
                 await _close(c)
         self._locators.clear()
         self._idle.clear()
+        self._nodes.clear()
 
     def _start_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():

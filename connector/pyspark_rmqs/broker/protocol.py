@@ -190,6 +190,10 @@ class RmqsClient(Client):
         self.requested_frame_max: int = kw["frame_max"]  # before the tune: frame_max is then the minimum
         self.deliver_sinks: dict[int, Callable[[Chunk], None]] = {}
         self.confirm_sinks: dict[int, Callable[[tuple[int, ...]], None]] = {}
+        # Called (on the loop) once the connection is gone: waiters that only wake on frames (a
+        # publisher waiting for confirms) learn it at once, not at their timeout. A node killed
+        # outright sends no frame first, only a closed socket.
+        self.on_closed: dict[str, Callable[[], None]] = {}
 
     def _dispatch_confirm(self, publisher_id: int, ids: tuple[int, ...]) -> None:
         sink = self.confirm_sinks.get(publisher_id)
@@ -227,6 +231,8 @@ class RmqsClient(Client):
         """rstream's listener; when a TLS alert ends it, pending requests fail with that alert at once
         (rstream would leave them to time out)."""
         await self._listener()
+        for callback in list(self.on_closed.values()):
+            callback()
         error = conn.tls_error
         if error is not None:
             for fut in list(self._waiters.values()):

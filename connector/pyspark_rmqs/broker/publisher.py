@@ -122,6 +122,7 @@ class Publisher:
         self.client.confirm_sinks[self.id] = self._on_confirm
         self.client.add_handler(schema.PublishError, self._on_error, name=f"rmqs-pub-{self.id}")
         self.client.add_handler(schema.MetadataUpdate, self._on_metadata, name=f"rmqs-pub-{self.id}")
+        self.client.on_closed[f"rmqs-pub-{self.id}"] = self._on_closed
         try:
             await self.client.declare_publisher(self.stream, self.name, self.id)
         except rx.StreamDoesNotExist as e:
@@ -131,6 +132,7 @@ class Publisher:
         self.client.confirm_sinks.pop(self.id, None)
         self.client.remove_handler(schema.PublishError, f"rmqs-pub-{self.id}")
         self.client.remove_handler(schema.MetadataUpdate, f"rmqs-pub-{self.id}")
+        self.client.on_closed.pop(f"rmqs-pub-{self.id}", None)
 
     @property
     def broken(self) -> bool:
@@ -222,6 +224,10 @@ class Publisher:
                 f"the broker reported stream '{self.stream}' unavailable (code {frame.metadata_info.code})"
             )
             asyncio.get_running_loop().create_task(self._notify())
+
+    def _on_closed(self) -> None:
+        """The connection is gone (a node killed, say): wake the waiters, which then recover."""
+        asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
         async with self.changed:

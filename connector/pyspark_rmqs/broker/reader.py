@@ -35,7 +35,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.bridge import Bridge, Gap
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
+from pyspark_rmqs.broker.placement import connect_for
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import (
@@ -58,6 +59,7 @@ from pyspark_rmqs.broker.recovery import (
     SUBSCRIBE_TIMEOUT_S,
     retry_sync,
 )
+from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
@@ -115,6 +117,7 @@ class RangeReader:
         self.chunks = 0  # user chunks taken (benchmarks report messages per chunk from it)
         self.lost: list[tuple[int, int]] = []  # ranges lost to retention or deletion (failOnDataLoss=false)
         self.subscriptions = 0  # (re)subscriptions made: 1 for a read no broker restart interrupted
+        self.nodes: list[Node | None] = []  # the node of each subscription, as it advertises itself
         self.unfiltered_from: int | None = None  # where a filtered read went on unfiltered, if it did
         self.decode_s = 0.0  # turning chunks into Arrow batches (measured per chunk and per batch)
         self._busy_s = 0.0  # all the time spent inside the iterator (fetch_s is this minus decode_s)
@@ -166,12 +169,13 @@ class RangeReader:
                 # pollTimeoutMs / maxWaitMs: the connection is fine, the data is not there; no retry.
                 run_sync(self._close(client, bridge, reuse=False), CLOSE_TIMEOUT_S)
                 raise
-            except BrokerUnavailableError:
+            except BrokerUnavailableError as e:
                 reconnects = 1 if self.next_offset > resumed_at else reconnects + 1
                 if reconnects > _MAX_RECONNECTS:
                     raise
                 log.warning(
-                    "connection lost reading '%s' at offset %d; resubscribing (%d/%d)",
+                    "%s; resubscribing to '%s' at offset %d (%d/%d)",
+                    e,
                     self.stream,
                     self.next_offset,
                     reconnects,
@@ -363,7 +367,9 @@ class RangeReader:
         return self._filtered and idle_s >= _FILTER_IDLE_END_S
 
     async def _subscribe(self, offset: int) -> tuple[RmqsClient, Bridge]:
-        client = await get_pool().acquire(self.conn, "rmqs-reader")
+        # A replica, else the leader (a node with no member of the stream cannot serve a subscription).
+        client = await connect_for(self.conn, self.stream, "read", "rmqs-reader")
+        self.nodes.append(node_of(client.server_properties))
         sub = client.alloc_subscription_id()
         bridge = Bridge(
             client,
@@ -375,6 +381,7 @@ class RangeReader:
             credits=self.s.initial_credits,
         )
         client.deliver_sinks[sub] = bridge.on_chunk
+        client.add_handler(schema.MetadataUpdate, self._on_metadata(bridge), name=f"rmqs-read-{sub}")
         props: dict[str, str] = {}
         if self._filtered:
             for i, v in enumerate(self.s.filter_values):
@@ -390,16 +397,35 @@ class RangeReader:
             )
         except rx.StreamDoesNotExist as e:
             client.deliver_sinks.pop(sub, None)
+            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             get_pool().release(self.conn, client)
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
         except BaseException:
             client.deliver_sinks.pop(sub, None)
+            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             await get_pool().discard(client)
             raise
         return client, bridge
 
+    def _on_metadata(self, bridge: Bridge) -> Callable[[schema.MetadataUpdate], None]:
+        """The broker ends a subscription with a MetadataUpdate when the stream's member it reads
+        from goes away: a replica restarts to follow a new leader when the leader's node dies, and
+        its consumers receive nothing more. Resubscribe (asking the metadata again) at once."""
+
+        def on_update(frame: schema.MetadataUpdate) -> None:
+            if frame.metadata_info.stream == self.stream:
+                bridge.fail(
+                    BrokerUnavailableError(
+                        f"the broker ended the subscription to '{self.stream}' (the stream's member "
+                        f"moved or restarted: code {frame.metadata_info.code})"
+                    )
+                )
+
+        return on_update
+
     async def _close(self, client: RmqsClient, bridge: Bridge, reuse: bool) -> None:
         client.deliver_sinks.pop(bridge.sub, None)
+        client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{bridge.sub}")
         if reuse and client.is_connection_alive():
             try:
                 await asyncio.wait_for(client.unsubscribe(bridge.sub), 10)

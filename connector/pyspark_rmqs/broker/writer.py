@@ -20,12 +20,14 @@ time, fails loudly.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.placement import connect_for
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.publisher import Publisher
@@ -37,6 +39,7 @@ from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S as RECOVERY_WINDOW_S
 from pyspark_rmqs.broker.routing import HASH_SEED as HASH_SEED
 from pyspark_rmqs.broker.routing import Group, Router
 from pyspark_rmqs.broker.routing import hash_partition as hash_partition
+from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import BrokerUnavailableError, PublishError
 
 log = logging.getLogger(__name__)
@@ -114,7 +117,7 @@ class StreamProducer:
         first = self._first_ids.get(stream)
 
         async def start() -> tuple[RmqsClient, Publisher]:
-            client = await get_pool().acquire(self.conn, "rmqs-writer")
+            client = await connect_for(self.conn, stream, "write", "rmqs-writer")  # the leader
             try:
                 pub = Publisher(
                     client,
@@ -122,7 +125,7 @@ class StreamProducer:
                     0,
                     self.s.producer_name,
                     self.s.resume_sequence if first is None else False,
-                    reconnect=self._reconnect,
+                    reconnect=functools.partial(self._reconnect, stream),
                     first_id=self.s.first_publishing_id if first is None else first,
                     id_limit=self.s.publishing_id_limit,
                 )
@@ -144,13 +147,14 @@ class StreamProducer:
         self._publishers[stream] = pub
         return pub
 
-    async def _reconnect(self, dead: RmqsClient) -> RmqsClient:
-        """A new connection in place of `dead` (closed and forgotten)."""
+    async def _reconnect(self, stream: str, dead: RmqsClient) -> RmqsClient:
+        """A new connection in place of `dead` (closed and forgotten), on the stream's leader as the
+        metadata names it now (it may have moved)."""
         pool = get_pool()
         if dead in self._clients:
             self._clients.remove(dead)
             await pool.discard(dead)
-        client = await pool.acquire(self.conn, "rmqs-writer")
+        client = await connect_for(self.conn, stream, "write", "rmqs-writer")
         self._clients.append(client)
         return client
 
@@ -175,6 +179,11 @@ class StreamProducer:
     def frame_stats(self) -> dict[str, tuple[int, int]]:
         """(publish frames sent, largest frame in bytes) per partition stream."""
         return {s: (p.frames, p.largest_frame) for s, p in self._publishers.items()}
+
+    def nodes(self) -> dict[str, Node | None]:
+        """The node each partition stream's publisher is connected to now, as the node advertises
+        itself (the stream's leader, unless the cluster moved it since)."""
+        return {s: node_of(p.client.server_properties) for s, p in self._publishers.items()}
 
     def last_publishing_ids(self) -> dict[str, int]:
         return {s: p.next_id - 1 for s, p in self._publishers.items()}

@@ -73,7 +73,8 @@ class ConnectionOptions(OptionModel):
         "addressResolverClass",
         None,
         "dotted path of a class with `resolve(host, port) -> (host, port)`, applied to every address "
-        "before connecting (load balancers, NAT); no-argument constructor, importable on executors",
+        "before connecting, the seeds and the nodes the metadata names (load balancers, NAT: the client "
+        "then checks the node it reached); no-argument constructor, importable on executors",
         kind="class",
     )
 

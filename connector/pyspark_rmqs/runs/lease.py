@@ -24,8 +24,8 @@ from typing import Any
 from rstream import schema
 from rstream.constants import OffsetType
 
-from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.loop import run_sync
+from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.errors import ConfigurationError, ConsumerBusyError
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
@@ -116,7 +116,8 @@ async def _close(client: RmqsClient, sub: int) -> None:
 
 async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[RmqsClient, int] | None:
     """The active subscription of `name`'s group, or None when it did not become active in time."""
-    client = await connect(conn, name=f"rmqs-lease:{name}"[:120])
+    # A subscription needs a node hosting a member of the stream (a replica, else the leader).
+    client = await open_for(conn, stream, "read", f"rmqs-lease:{name}"[:120])
     active: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     sub = 0
 
@@ -164,7 +165,7 @@ def acquire(
     for that only when the name is busy (the usual run pays no record read for it).
     """
     check_name(name, "lease name")
-    if stream == RUNS_STREAM:  # a fresh broker has no records stream until the first record
+    if stream == RUNS_STREAM:  # the lease comes before the first record: on a new broker, create it
         ensure_stream(conn)
     got = run_sync(_acquire(conn, stream, name, wait_s), wait_s + 60.0, f"lease on '{name}'")
     if got is None:
