@@ -29,7 +29,7 @@ java:
 # same time (each waits on the network or dpkg most of the time; apt-get calls take turns on a lock).
 # The class-data archive of Spark's classes halves the CPU of each JVM the suite starts (tests/support/jvm.py).
 prepare:
-	@$(MAKE) --no-print-directory -j3 setup broker-up $(JVM_ARCHIVE) restartable-broker-up
+	@$(MAKE) --no-print-directory -j3 setup broker-up $(JVM_ARCHIVE)
 
 JVM_ARCHIVE := $(VENV)/rmqs-spark-classes.jsa
 $(JVM_ARCHIVE): $(STAMP) | java
@@ -43,7 +43,8 @@ broker-down:
 	@test ! -x $(PY) || $(PY) -m tests.support.broker restartable down
 
 # The suite's second broker (tests/support/broker.py): the tests that stop, restart or pause a broker
-# use it, beside the others. A copy of the first broker's installation, its own ports and epmd.
+# use it, beside the others. A copy of the first broker's installation, its own ports and epmd. The
+# suite starts it when its first test needs it (restartable_broker), off the set-up's critical path.
 restartable-broker-up: broker-up $(STAMP)
 	@$(PY) -m tests.support.broker restartable up
 

@@ -19,6 +19,7 @@ os.environ.setdefault("RMQS_POOL_IDLE_SECONDS", "15")
 from tests.support import broker as tb
 from tests.support import jvm
 from tests.support import s3 as ts3
+from tests.support.serial import SERIAL
 
 pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
 # rmqs's own pytest plugin (pytest_rmqs: rmqs_* fixtures) loads through its `pytest11` entry point
@@ -128,10 +129,6 @@ def spark() -> Iterator[object]:
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
-# Tests that would stop, restart or pause the shared broker: `make test` runs them alone, after the
-# parallel phase (`-m serial`), so no other test sees their faults. None today: the tests that stop,
-# restart or pause a broker do it to their own (`restartable_broker`, the "restartable" group below).
-SERIAL: tuple[str, ...] = ()
 # Whole files one worker runs: they build a module-scoped server, cluster or broker user once. The two
 # Spark Connect files share one group: a Connect server is a JVM, better started on one worker.
 FILE_GROUPS = {

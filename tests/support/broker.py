@@ -70,7 +70,7 @@ BROKER_SH = REPO / "scripts" / "broker.sh"
 # A second local broker, for the tests that stop, restart or pause one (`restartable_broker` in
 # tests/conftest.py): its own home, ports and epmd, a copy of the first broker's installation. With
 # it those tests run beside all the others instead of alone after them, and the others never see
-# their faults. `make prepare` starts it (`restartable-broker-up`).
+# their faults. The fixture starts it when its first test needs it (or `make restartable-broker-up`).
 RESTARTABLE_ENV = {
     "RMQS_BROKER_HOME": os.environ.get("RMQS_TEST_RESTARTABLE_HOME", "/var/cache/rmqs-broker-restartable"),
     "RMQS_BROKER_COPY_FROM": os.environ.get("RMQS_BROKER_HOME", "/var/cache/rmqs-broker") + "/trixie",
