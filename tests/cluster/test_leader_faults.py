@@ -216,3 +216,69 @@ def test_replica_killed_mid_read(local_cluster: ClusterSettings, cluster_streams
     assert victim is not None
     assert got == list(range(n))
     assert len(reader.nodes) >= 2 and local_cluster.index(reader.nodes[-1]) != victim, reader.nodes
+
+
+def test_leader_killed_between_an_airflow_runs_sink_and_its_store(
+    local_cluster: ClusterSettings,
+    cluster_streams: ClusterStreams,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An Airflow watermark run (`RabbitMQStreamConsumeOperator`, its Airflow connection naming the
+    three nodes) whose sink has taken every message when the stream's leader dies: the node is killed
+    from inside the sink, after its last batch, so the run's record (`delivered`) and its watermark
+    store meet a dead leader. The run either finishes or fails naming the stream; a failed try is
+    retried as Airflow would. Every offset reaches the sink once, and the watermark ends at the tail."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    hosts = ",".join(f"{h}:{p}" for h, p in local_cluster.nodes)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RMQS_CLUSTER",
+        f'{{"conn_type": "rabbitmq_stream", "host": "{hosts}", "login": "{local_cluster.username}", '
+        f'"password": "{local_cluster.password}"}}',
+    )
+    from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator
+
+    s = cluster_streams.stream("ks", leader=LEADER)
+    n = 6_000
+    with StreamProducer(local_cluster.conn(), s, superstream=False, settings=WriteSettings()) as p:
+        for i in range(0, n, 2000):
+            p.send([b"k%07d" % j for j in range(i, i + 2000)])
+        p.flush()
+    seen: list[int] = []
+    killed: list[float] = []
+
+    def sink(batch: pa.RecordBatch) -> None:
+        seen.extend(batch.column("offset").to_pylist())
+        if len(seen) >= n and not killed:  # the sink is done: kill the leader before the store
+            local_cluster.kill(LEADER)
+            killed.append(time.monotonic())
+
+    def run() -> dict[str, object]:
+        op = RabbitMQStreamConsumeOperator(
+            task_id="ks",
+            stream=s,
+            consumer_name="ks",
+            apply_function=sink,
+            metadata_fields="",
+            rabbitmq_stream_conn_id="rmqs_cluster",
+        )
+        return dict(op.execute({}))
+
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            run()
+            break
+        except Exception as e:  # a failed try must say which stream, then Airflow retries it
+            print(f"try {tries} failed: {e!r}")
+            assert s in str(e), f"try {tries} failed without naming '{s}': {e!r}"
+            assert tries < 3, f"still failing after {tries} tries: {e!r}"
+    print(f"{tries} tries; the leader was killed after the sink took all {n} messages")
+    assert killed, "the leader was never killed: the sink never took every message"
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(n)), f"{len(counts)} distinct offsets of {n}"
+    assert max(counts.values()) == 1, (
+        f"offsets delivered twice: {[o for o, c in counts.items() if c > 1][:10]}"
+    )
+    assert BrokerClient(local_cluster.conn(seeds=[2, 3])).stored_offset("ks", s) == n - 1
