@@ -229,13 +229,7 @@ def test_leader_killed_between_an_airflow_runs_sink_and_its_store(
     from inside the sink, after its last batch, so the run's record (`delivered`) and its watermark
     store meet a dead leader. The run either finishes or fails naming the stream; a failed try is
     retried as Airflow would. Every offset reaches the sink once, and the watermark ends at the tail."""
-    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
-    hosts = ",".join(f"{h}:{p}" for h, p in local_cluster.nodes)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_RMQS_CLUSTER",
-        f'{{"conn_type": "rabbitmq_stream", "host": "{hosts}", "login": "{local_cluster.username}", '
-        f'"password": "{local_cluster.password}"}}',
-    )
+    conn_id = _airflow_cluster_connection(local_cluster, tmp_path / "airflow", monkeypatch)
     from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator
 
     s = cluster_streams.stream("ks", leader=LEADER)
@@ -260,7 +254,7 @@ def test_leader_killed_between_an_airflow_runs_sink_and_its_store(
             consumer_name="ks",
             apply_function=sink,
             metadata_fields="",
-            rabbitmq_stream_conn_id="rmqs_cluster",
+            rabbitmq_stream_conn_id=conn_id,
         )
         return dict(op.execute({}))
 
@@ -282,3 +276,64 @@ def test_leader_killed_between_an_airflow_runs_sink_and_its_store(
         f"offsets delivered twice: {[o for o, c in counts.items() if c > 1][:10]}"
     )
     assert BrokerClient(local_cluster.conn(seeds=[2, 3])).stored_offset("ks", s) == n - 1
+
+
+def _airflow_cluster_connection(cluster: ClusterSettings, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An Airflow connection (from the environment) naming every node of `cluster`; its id."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+    hosts = ",".join(f"{h}:{p}" for h, p in cluster.nodes)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RMQS_CLUSTER",
+        f'{{"conn_type": "rabbitmq_stream", "host": "{hosts}", "login": "{cluster.username}", '
+        f'"password": "{cluster.password}"}}',
+    )
+    return "rmqs_cluster"
+
+
+def test_leader_killed_while_a_deferred_new_data_sensor_waits(
+    local_cluster: ClusterSettings,
+    cluster_streams: ClusterStreams,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deferred new-data sensor's trigger (as the triggerer runs it) polls an empty stream whose
+    leader, on the first seed, dies: it keeps waiting, neither failing nor firing, and fires on the
+    five messages published to the new leader afterwards, with the exact tail and lag."""
+    import asyncio
+
+    conn_id = _airflow_cluster_connection(local_cluster, tmp_path / "airflow", monkeypatch)
+    from airflow_rmqs.triggers import RabbitMQStreamNewDataTrigger
+
+    s = cluster_streams.stream("kt", leader=LEADER)
+    trigger = RabbitMQStreamNewDataTrigger(
+        stream=s, consumer_name="kt", poll_interval=0.2, rabbitmq_stream_conn_id=conn_id
+    )
+
+    def publish_to_the_others() -> None:
+        with StreamProducer(
+            local_cluster.conn(seeds=[2, 3]), s, superstream=False, settings=WriteSettings()
+        ) as p:
+            p.send([b"t%d" % i for i in range(5)])
+            p.flush()
+
+    async def first_event() -> dict[str, object]:
+        gen = trigger.run()
+        try:
+            event = await anext(gen)
+        finally:
+            await gen.aclose()
+        return dict(event.payload)
+
+    async def scenario() -> dict[str, object]:
+        task = asyncio.ensure_future(asyncio.wait_for(first_event(), 240))
+        await asyncio.sleep(1)
+        assert not task.done()  # an empty stream: nothing to fire on
+        await asyncio.to_thread(local_cluster.kill, LEADER)
+        await asyncio.sleep(3)
+        assert not task.done(), task.exception() if task.done() else None  # waiting, not failed
+        await asyncio.to_thread(publish_to_the_others)
+        return await task
+
+    payload = asyncio.run(scenario())
+    assert payload["status"] == "success"
+    assert payload["partitions"] == {s: {"tail": 5, "watermark": None, "first": 0, "lag": 5}}
