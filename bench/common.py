@@ -233,17 +233,19 @@ def best_of(
     broker_cpu: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """`best_measured` of sides timed whole; each must return `count` (the rows or messages it saw)."""
-
-    def timed_side(label: str, side: Callable[[int], int]) -> Callable[[int], Measured]:
-        def run(r: int) -> Measured:
-            measured, seen = timed(lambda: side(r))
-            assert seen == count, f"{label}: saw {seen:,} of {count:,}"
-            return measured
-
-        return run
-
-    timed_sides = {label: timed_side(label, side) for label, side in sides.items()}
+    timed_sides = {label: timed_side(label, count, side) for label, side in sides.items()}
     return best_measured(rounds, timed_sides, broker_cpu)
+
+
+def timed_side(label: str, count: int, side: Callable[[int], int]) -> Callable[[int], Measured]:
+    """A `best_measured` side timing `side` whole, which must return `count` (what it saw)."""
+
+    def run(r: int) -> Measured:
+        measured, seen = timed(lambda: side(r))
+        assert seen == count, f"{label}: saw {seen:,} of {count:,}"
+        return measured
+
+    return run
 
 
 def report(

@@ -49,6 +49,7 @@ from bench.common import (
     spark_session,
     temp_stream,
     temp_super_stream,
+    timed_side,
 )
 from bench.reader import BATCHES, _bare, sizes
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
@@ -99,8 +100,9 @@ def _cold_child(superstream: str, fields: str) -> None:
     spark.stop()
 
 
-def _cold(superstream: str, fields: str, sessions: list[float]) -> tuple[Measured, int]:
-    """The first read of a fresh session in a new process; its session start is added to `sessions`."""
+def _cold(superstream: str, fields: str, count: int, sessions: list[float]) -> Measured:
+    """The first read of a fresh session in a new process, which must see `count` rows; its session
+    start is added to `sessions`."""
     out = subprocess.run(
         [sys.executable, "-m", "bench.spark_read", "--cold-child", superstream, fields],
         cwd=REPO,
@@ -109,8 +111,9 @@ def _cold(superstream: str, fields: str, sessions: list[float]) -> tuple[Measure
         text=True,
     ).stdout
     got = json.loads(out.strip().splitlines()[-1])
+    assert got["rows"] == count, f"cold {fields or 'fixed'}: saw {got['rows']:,} of {count:,}"
     sessions.append(got["session_s"])
-    return Measured(got["read_s"], got["broker_cpu"]), got["rows"]
+    return Measured(got["read_s"], got["broker_cpu"])
 
 
 def spread(parts: list[str], n: int) -> dict[str, int]:
@@ -158,13 +161,13 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
         cpu: dict[str, float] = {}
         sessions: list[float] = []
         sides: dict[str, Callable[[int], Measured]] = {
-            "bare": lambda _r: _counted(n, lambda: (Span(), asyncio.run(_bare_all(conn, counts)))),
-            "fixed": lambda _r: _counted(n, lambda: (Span(), _spark_read(spark, name, ""))),
-            "meta": lambda _r: _counted(n, lambda: (Span(), _spark_read(spark, name, None))),
+            "bare": timed_side("bare", n, lambda _r: asyncio.run(_bare_all(conn, counts))),
+            "fixed": timed_side("fixed", n, lambda _r: _spark_read(spark, name, "")),
+            "meta": timed_side("meta", n, lambda _r: _spark_read(spark, name, None)),
         }
         if cold:
-            sides["cold fixed"] = lambda _r: _counted(n, lambda: _cold(name, "", sessions))
-            sides["cold meta"] = lambda _r: _counted(n, lambda: _cold(name, "all", sessions))
+            sides["cold fixed"] = lambda _r: _cold(name, "", n, sessions)
+            sides["cold meta"] = lambda _r: _cold(name, "all", n, sessions)
         best = best_measured(rounds, sides, cpu)
         base = report("bare rstream consumer", n, best["bare"], broker_cpu=cpu.get("bare"))
         line = f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
@@ -179,14 +182,6 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
         fixed = report("spark warm fixed columns", n, best["fixed"], base, cpu.get("fixed"))
         meta = report("spark warm all metadata", n, best["meta"], base, cpu.get("meta"))
     return line + f"warm: fixed columns {fixed / base:.2f}x, all metadata {meta / base:.2f}x"
-
-
-def _counted(count: int, run: Callable[[], tuple[Any, int]]) -> Measured:
-    """Run one side; it returns (its `Span` or `Measured`, the rows it saw), which must be `count`."""
-    first, seen = run()
-    measured = first.done() if isinstance(first, Span) else first
-    assert seen == count, f"saw {seen:,} of {count:,}"
-    return measured
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,12 +22,21 @@ from pyspark.sql import SparkSession
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings, read_range
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
+from pyspark_rmqs.options import ConnectionOptions
 from tests.cluster.conftest import ClusterStreams
 from tests.cluster.support import ClusterSettings, wait_for
-from tests.e2e.faults.support import output_offsets
+from tests.e2e.faults.support import output_offsets, paced
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LEADER = 1
+
+
+def _publish(conn: ConnectionOptions, stream: str, bodies: list[bytes], batch: int = 5000) -> None:
+    """`bodies` to `stream`, `batch` messages per send, every confirm awaited."""
+    with StreamProducer(conn, stream, superstream=False, settings=WriteSettings()) as p:
+        for i in range(0, len(bodies), batch):
+            p.send(bodies[i : i + batch])
+        p.flush()
 
 
 class KillWhen(threading.Thread):
@@ -60,22 +69,6 @@ class KillWhen(threading.Thread):
             raise self.error
         assert self.killed_at is not None, "the node was not killed"
         assert done_at > self.killed_at, "the job ended before the node was killed"
-
-
-def _paced(rows: int, delay_s: float, started: Path):  # type: ignore[no-untyped-def]
-    """mapInArrow: `rows` rows per `delay_s`, so the job still runs when the node dies; touches
-    `started` when the first rows pass."""
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import time as t
-
-        for b in batches:
-            for i in range(0, b.num_rows, rows):
-                started.touch()
-                t.sleep(delay_s)
-                yield b.slice(i, rows)
-
-    return fn
 
 
 def _new_leader(cluster: ClusterSettings, stream: str) -> int:
@@ -133,10 +126,7 @@ def test_leader_killed_mid_batch_read(
     # 120 MB: more than the sockets and Spark buffer between the readers and the paced consumer.
     n = 120_000
     bodies = [f"r{i:07d}".ljust(1000, ".").encode() for i in range(n)]
-    with StreamProducer(local_cluster.conn(), s, superstream=False, settings=WriteSettings()) as p:
-        for i in range(0, n, 5000):
-            p.send(bodies[i : i + 5000])
-        p.flush()
+    _publish(local_cluster.conn(), s, bodies)
     df = (
         spark.read.format("rabbitmq_streams")
         .options(**local_cluster.options(stream=s, metadataFields="", minPartitions="2", queueCapacity="500"))
@@ -144,7 +134,7 @@ def test_leader_killed_mid_batch_read(
         .select("offset", "value")
     )
     started = tmp_path / "started"
-    slow = df.mapInArrow(_paced(1000, 0.2, started), df.schema)  # ~12 s per split
+    slow = df.mapInArrow(paced(1000, 0.2, started), df.schema)  # ~12 s per split
     fault = KillWhen(local_cluster, LEADER, started.exists)
     fault.start()
     rows = [(r.offset, bytes(r.value)) for r in slow.collect()]
@@ -165,10 +155,7 @@ def test_leader_killed_mid_available_now_drain(
 
     s = cluster_streams.stream("kd", leader=LEADER)
     n = 30_000
-    with StreamProducer(local_cluster.conn(), s, superstream=False, settings=WriteSettings()) as p:
-        for i in range(0, n, 5000):
-            p.send([b"d%07d" % j for j in range(i, i + 5000)])
-        p.flush()
+    _publish(local_cluster.conn(), s, [b"d%07d" % j for j in range(n)])
     out = tmp_path / "out"
 
     def first_batch_written() -> bool:
@@ -199,10 +186,7 @@ def test_replica_killed_mid_read(local_cluster: ClusterSettings, cluster_streams
     s = cluster_streams.stream("kv", leader=LEADER)
     conn = local_cluster.conn()
     n = 100_000
-    with StreamProducer(conn, s, superstream=False, settings=WriteSettings()) as p:
-        for i in range(0, n, 5000):
-            p.send([b"%07d" % j + b"." * 300 for j in range(i, i + 5000)])
-        p.flush()
+    _publish(conn, s, [b"%07d" % j + b"." * 300 for j in range(n)])
     reader = RangeReader(conn, s, 0, n, ReadSettings(queue_capacity=500, batch_rows=1000))
     got: list[int] = []
     victim = None
@@ -234,10 +218,7 @@ def test_leader_killed_between_an_airflow_runs_sink_and_its_store(
 
     s = cluster_streams.stream("ks", leader=LEADER)
     n = 6_000
-    with StreamProducer(local_cluster.conn(), s, superstream=False, settings=WriteSettings()) as p:
-        for i in range(0, n, 2000):
-            p.send([b"k%07d" % j for j in range(i, i + 2000)])
-        p.flush()
+    _publish(local_cluster.conn(), s, [b"k%07d" % j for j in range(n)], batch=2000)
     seen: list[int] = []
     killed: list[float] = []
 
@@ -310,11 +291,7 @@ def test_leader_killed_while_a_deferred_new_data_sensor_waits(
     )
 
     def publish_to_the_others() -> None:
-        with StreamProducer(
-            local_cluster.conn(seeds=[2, 3]), s, superstream=False, settings=WriteSettings()
-        ) as p:
-            p.send([b"t%d" % i for i in range(5)])
-            p.flush()
+        _publish(local_cluster.conn(seeds=[2, 3]), s, [b"t%d" % i for i in range(5)])
 
     async def first_event() -> dict[str, object]:
         gen = trigger.run()

@@ -24,7 +24,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -105,8 +104,7 @@ def dump_archive(path: Path | None = None, timeout_s: float = 600) -> Path:
         )
         if done.returncode != 0 or not partial.exists():
             raise RuntimeError(f"the JVM dumped no class-data archive: {done.stderr[-500:].strip()}")
-        partial.rename(path)
-        os.utime(path, (time.time(), time.time()))
+        partial.rename(path)  # written at the JVM's exit: newer than the jars, so current
     return path
 
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pyarrow as pa
 
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.codec import encode
-from tests.support.broker import RESTARTABLE_ENV, BrokerSettings, broker_sh
+from tests.support.broker import REPO, RESTARTABLE_ENV, BrokerSettings, broker_sh
 from tests.support.data import conn_of
 
 
@@ -196,3 +201,40 @@ def output_offsets(out: Path) -> list[tuple[str, int]]:
 
     table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table(columns=["stream", "offset"])
     return sorted(zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True))
+
+
+def killed_consume_job(
+    cfg: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `tests.e2e.faults.consume_job` with `cfg` (its `kill` point) in a new process, which must
+    end killed by its own SIGKILL; `env` is added to this process's environment (the S3 credentials).
+    Returns the finished process (its output, for checks that no secret was printed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.faults.consume_job", json.dumps(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=None if env is None else {**os.environ, **env},
+    )
+    assert done.returncode == -9, f"the run was not killed ({done.returncode}): {done.stderr[-3000:]}"
+    return done
+
+
+def paced(
+    rows: int, delay_s: float, started: Path
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function passing `rows` rows per `delay_s`, so the job still runs when the fault
+    hits (a graceful broker stop takes ~7 s, a killed node's failover ~1 s); it creates `started`
+    when the first rows pass."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import time as t
+
+        for b in batches:
+            for i in range(0, b.num_rows, rows):
+                started.touch()
+                t.sleep(delay_s)
+                yield b.slice(i, rows)
+
+    return fn

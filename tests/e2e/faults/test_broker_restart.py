@@ -14,11 +14,9 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
@@ -33,6 +31,7 @@ from tests.e2e.faults.support import (
     assert_exact,
     broker_down,
     broker_up,
+    paced,
     wait_for,
 )
 from tests.support.broker import BrokerSettings
@@ -44,22 +43,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 @pytest.fixture
 def broker(restartable_broker: BrokerSettings) -> BrokerSettings:
     return restartable_broker
-
-
-def _paced(rows: int, delay_s: float, started: Path):  # type: ignore[no-untyped-def]
-    """A mapInArrow function passing `rows` rows per `delay_s`, so the job still runs when the fault
-    hits (a graceful broker stop takes ~7 s); it creates `started` when the first rows pass."""
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import time as t
-
-        for b in batches:
-            for i in range(0, b.num_rows, rows):
-                started.touch()
-                t.sleep(delay_s)
-                yield b.slice(i, rows)
-
-    return fn
 
 
 def _rows(df) -> list[tuple[str, int, bytes]]:  # type: ignore[no-untyped-def]
@@ -121,7 +104,7 @@ def test_batch_read_resumes_after_broker_restart(
         .select("stream", "offset", "value")
     )
     started = tmp_path / "started"
-    slow = df.mapInArrow(_paced(1000, 0.5, started), df.schema)  # 30 s per partition
+    slow = df.mapInArrow(paced(1000, 0.5, started), df.schema)  # 30 s per partition
     fault = RestartWhen(started.exists)
     watch = SubscriptionWatch(restartable, [s])
     watch.start()
@@ -174,7 +157,7 @@ def test_batch_write_resends_unconfirmed_after_broker_restart(
     n = 60_000
     df = spark.range(0, n, numPartitions=1).selectExpr("format_string('w%07d', id) as value")
     started = tmp_path / "started"
-    slow = df.mapInArrow(_paced(500, 0.12, started), df.schema)  # 15 s
+    slow = df.mapInArrow(paced(500, 0.12, started), df.schema)  # 15 s
     fault = RestartWhen(started.exists)
     fault.start()
     (

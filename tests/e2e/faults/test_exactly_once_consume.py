@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +10,8 @@ from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.delivery import COMMITS
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
-from tests.e2e.faults.support import output_offsets
-from tests.support.broker import REPO, BrokerSettings
+from tests.e2e.faults.support import killed_consume_job, output_offsets
+from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 
 pytestmark = [pytest.mark.broker]
@@ -39,14 +36,7 @@ def test_a_consume_run_killed_anywhere_then_retried_writes_every_offset_once(
         "out": str(out),
         "kill": kill,
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.faults.consume_job", json.dumps(cfg)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == -9, f"the run was not killed ({done.returncode}): {done.stderr[-3000:]}"
+    killed_consume_job(cfg)
     retry = jobs.plan_read(conn, superstream=name, consumer="eoc")
     summary = consume.run_consume(conn, retry, consume.ParquetSink(str(out)))
     expected = sorted((p, o) for p in parts for o in range(300))

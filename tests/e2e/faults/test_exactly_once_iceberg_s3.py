@@ -9,9 +9,6 @@ hold: every (stream, offset) once in the table, and the credentials in no summar
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,8 @@ from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.iceberg import TOKEN_PROPERTY, IcebergSink
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
-from tests.support.broker import REPO, BrokerSettings
+from tests.e2e.faults.support import killed_consume_job
+from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 from tests.support.s3 import S3Server
 
@@ -51,15 +49,7 @@ def test_a_consume_run_into_iceberg_on_s3_killed_around_its_commit_then_retried_
         "kill": kill,
         "iceberg": catalog,
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.faults.consume_job", json.dumps(cfg)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **s3.env()},
-    )
-    assert done.returncode == -9, f"the run was not killed ({done.returncode}): {done.stderr[-3000:]}"
+    done = killed_consume_job(cfg, s3.env())
     props = {
         **catalog,
         "s3.access-key-id": s3.key,

@@ -24,6 +24,7 @@ from pyspark_rmqs.errors import CommitState, ConsumerBusyError
 from pyspark_rmqs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.e2e.faults.airflow_job import XCOM
+from tests.e2e.faults.support import killed_consume_job
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import conn_of, publish
 from tests.support.s3 import S3Server
@@ -91,20 +92,7 @@ def test_a_consume_run_into_s3_killed_at_every_commit_point_then_retried_writes_
         publish(broker, p, [f"{p}:{i}".encode() for i in range(N)])
     bucket = s3.new_bucket()
     out = f"s3://{bucket}/orders"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.e2e.faults.consume_job",
-            json.dumps(cfg_of(broker, name, out, kill, storage)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **s3.env()},
-    )
-    assert done.returncode == -9, f"the run was not killed ({done.returncode}): {done.stderr[-3000:]}"
+    done = killed_consume_job(cfg_of(broker, name, out, kill, storage), s3.env())
     expected = sorted((p, o) for p in parts for o in range(N))
     before = committed_offsets(out, s3)
     if kill in ("writing", "sink", "manifest"):  # no commit record: nothing of the run is committed
