@@ -96,7 +96,7 @@ lint: setup
 
 # The demo's local Spark sessions map the class-data archive `make prepare` dumped (rmqs spark-archive).
 demo: prepare
-	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m pyspark_rmqs.demo
+	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m pyspark_rmqs.cli.demo
 
 docs: setup
 	$(VENV)/bin/mkdocs build --strict

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
+from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,8 +23,8 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
 from bench.common import best_of, chunk_stats, connection, fill_batches, report, temp_stream
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
+from pyspark_rmqs.core.schema import METADATA_FIELDS
 from pyspark_rmqs.options import ConnectionOptions
-from pyspark_rmqs.schema import METADATA_FIELDS
 
 BATCHES = "100,1000,10000"
 ROUNDS = 5

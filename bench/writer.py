@@ -26,7 +26,7 @@ from rstream.producer import ConfirmationStatus
 
 from bench.common import ROUNDS, Measured, Span, best_measured, broker_bound, connection, report, temp_stream
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
+from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.options import ConnectionOptions
 
 BODY = b"x" * 100

@@ -1,6 +1,6 @@
 """`build_stream_asset`: the documented entry point; it checks its arguments and picks a factory.
 
-The watermark protocol (DESIGN §4) lives in `pyspark_rmqs.jobs`; the factories (factories.py) map
+The watermark protocol (DESIGN §4) lives in `pyspark_rmqs.runs.steps`; the factories (factories.py) map
 Dagster's world onto it: resources -> connection and session, partition keys and time windows ->
 explicit ranges, errors -> retry or not, the run summary -> standard metadata. The asset's
 definition metadata (`rmqs/...`) names its stream, consumer and resource key, so sensors and
@@ -44,8 +44,8 @@ from dagster_rmqs.targets import (
     stream_asset_spec,
     stream_target,
 )
-from pyspark_rmqs.delivery import check_delivery
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.outputs.delivery import check_delivery
 
 __all__ = [
     "META_CONSUMER",
@@ -125,7 +125,7 @@ def build_stream_asset(
     files `<stream>-<start>-<end>-<run>.parquet` under `output_path`, or `sink` called per
     `pyarrow.RecordBatch`. The broker is the `RabbitMQStreamsResource` under `rabbitmq_key`.
     With `engine="arrow"`, `output_path` may be an object store (`s3://bucket/orders`): each
-    run's objects, then its commit record (the manifest readers trust: `pyspark_rmqs.committed`);
+    run's objects, then its commit record (the manifest readers trust: `pyspark_rmqs.runs.outputs.committed`);
     `output_storage_key` names an `ObjectStoreResource` holding its credentials.
 
     `delivery="exactly_once"` (default) commits the Spark engine's files under each run's range

@@ -2,7 +2,7 @@
 
 `RabbitMQStreamsResource` holds connection settings as Dagster config, so the password can come
 from an `EnvVar` and the UI shows the variable's name, not its value. Its calls are
-`pyspark_rmqs.handle.StreamsHandle`'s, the same code as the Airflow hook's: watermarks
+`pyspark_rmqs.runs.handle.StreamsHandle`'s, the same code as the Airflow hook's: watermarks
 (`watermarks`, `tails`, `stored_offsets`, `lag` (total), `lags` (per partition stream),
 `store_watermarks`, and `a...` twins for async code), stream management, `publish`,
 `read_batches` and `spark_options`. None of them starts a JVM; only `publish` and `read_batches`
@@ -17,11 +17,11 @@ from urllib.parse import quote
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
-from pyspark_rmqs import jobs
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.handle import StreamsHandle
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.redact import redact_option
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
-from pyspark_rmqs.redact import redact_option
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.handle import StreamsHandle
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -176,7 +176,7 @@ class ObjectStoreResource(ConfigurableResource):
     'rmqs[s3]'`): give the secret as `EnvVar("...")`, so the UI and run metadata show the
     variable's name, never its value. `storage_options` adds any fsspec option (and serves other
     stores: `gs://`, `abfs://`). The same mapping as the Airflow consume operator's
-    `output_conn_id` (`pyspark_rmqs.objectstore.s3_storage_options`).
+    `output_conn_id` (`pyspark_rmqs.runs.outputs.objectstore.s3_storage_options`).
     """
 
     aws_access_key_id: str | None = Field(default=None, description="Use EnvVar('...').")
@@ -187,14 +187,14 @@ class ObjectStoreResource(ConfigurableResource):
     storage_options: dict[str, Any] = Field(default_factory=dict, description="More fsspec options.")
 
     def __repr_args__(self) -> Any:  # never show a secret in a repr or a log line
-        from pyspark_rmqs.objectstore import without_secrets
+        from pyspark_rmqs.runs.outputs.objectstore import without_secrets
 
         shown = without_secrets(dict(super().__repr_args__()))  # type: ignore[arg-type]
         yield from shown.items()
 
     def fsspec_options(self) -> dict[str, Any]:
         """fsspec storage options for the output (secrets included: hand them to the writer only)."""
-        from pyspark_rmqs.objectstore import s3_storage_options
+        from pyspark_rmqs.runs.outputs.objectstore import s3_storage_options
 
         return s3_storage_options(
             key=self.aws_access_key_id,

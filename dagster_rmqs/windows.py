@@ -29,9 +29,16 @@ from typing import Any
 
 from dagster_rmqs.engines import Engine
 from pyspark_rmqs.broker.client import BrokerClient, TimeBound
-from pyspark_rmqs.codec import to_millis
-from pyspark_rmqs.delivery import COMMITS, STAGING, FileCommits, RunToken, StoreCommits, local_path
-from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.core.codec import to_millis
+from pyspark_rmqs.core.errors import RmqsError
+from pyspark_rmqs.runs.outputs.delivery import (
+    COMMITS,
+    STAGING,
+    FileCommits,
+    RunToken,
+    StoreCommits,
+    local_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +204,7 @@ def _keep_only_remote(
     """`keep_only` on an object store: other runs' records first, then every object but this run's."""
     from pyarrow import fs
 
-    from pyspark_rmqs.objectstore import locate
+    from pyspark_rmqs.runs.outputs.objectstore import locate
 
     where = locate(folder, storage_options=storage_options)
     commits = StoreCommits(where)

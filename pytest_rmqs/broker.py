@@ -16,8 +16,8 @@ from urllib.parse import quote, unquote, urlsplit
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pyspark_rmqs.handle import StreamsHandle
     from pyspark_rmqs.options import ConnectionOptions
+    from pyspark_rmqs.runs.handle import StreamsHandle
 
 SCHEMES = {"rabbitmq-stream": False, "rabbitmq-stream+tls": True}
 DEFAULT_PORTS = {False: 5552, True: 5551}
@@ -122,7 +122,7 @@ class RabbitMQTestBroker:
         Reads up to the tail at the call; no watermark is read or stored."""
         import pyarrow as pa
 
-        from pyspark_rmqs.schema import source_arrow_schema
+        from pyspark_rmqs.core.schema import source_arrow_schema
 
         handle = self.handle()
         fields = tuple(metadata_fields)
@@ -138,8 +138,8 @@ class RabbitMQTestBroker:
 
 def _fixed_handle(connection: ConnectionOptions) -> StreamsHandle:
     """A `StreamsHandle` on fixed connection options (defined on first use: importing
-    `pyspark_rmqs.handle` loads the broker layer, which the plugin's import must not)."""
-    from pyspark_rmqs.handle import StreamsHandle
+    `pyspark_rmqs.runs.handle` loads the broker layer, which the plugin's import must not)."""
+    from pyspark_rmqs.runs.handle import StreamsHandle
 
     class FixedHandle(StreamsHandle):
         def _connection(self) -> ConnectionOptions:

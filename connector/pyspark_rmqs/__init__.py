@@ -2,7 +2,7 @@
 
 `spark.read.format("rabbitmq_streams")` works once this package is installed: PySpark imports
 every top-level `pyspark_*` module and registers its `DefaultSource`. The Spark classes load
-lazily, so orchestration code importing `pyspark_rmqs.watermarks` never imports pyspark.
+lazily, so orchestration code importing `pyspark_rmqs.runs.watermarks` never imports pyspark.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return RabbitMQStreamsDataSource
     if name == "lag_from_progress":
-        from pyspark_rmqs.progress import lag_from_progress
+        from pyspark_rmqs.core.progress import lag_from_progress
 
         return lag_from_progress
     raise AttributeError(f"module 'pyspark_rmqs' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 The calls (watermarks: `watermarks`, `tails`, `stored_offsets`, `lag`, `lags`, `store_watermarks`
 and `a...` twins for the triggerer; stream management; `publish`, `read_batches`, `spark_options`)
-are `pyspark_rmqs.handle.StreamsHandle`'s, the same code as Dagster's `RabbitMQStreamsResource`.
+are `pyspark_rmqs.runs.handle.StreamsHandle`'s, the same code as Dagster's `RabbitMQStreamsResource`.
 The hook provides the connection: from the Airflow connection, looked up without blocking on the
 triggerer's event loop, its secrets registered with Airflow's log masker. pyspark is never
 imported and pyarrow only by `read_batches` and `publish`, so triggers and sensors can use the hook
@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from airflow.sdk import BaseHook
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import ConfigurationError, RmqsError
-from pyspark_rmqs.handle import StreamsHandle
+from pyspark_rmqs.core.errors import ConfigurationError, RmqsError
+from pyspark_rmqs.core.redact import secrets_in
 from pyspark_rmqs.options import (
     CONNECTION_OPTIONS,
     DEFAULT_PORT,
@@ -31,7 +31,7 @@ from pyspark_rmqs.options import (
     ConnectionOptions,
     parse_connection_options,
 )
-from pyspark_rmqs.redact import secrets_in
+from pyspark_rmqs.runs.handle import StreamsHandle
 
 CONN_TYPE = "rabbitmq_stream"
 _PREFIX = f"extra__{CONN_TYPE}__"

@@ -1,4 +1,4 @@
-"""Operators: thin wrappers over `pyspark_rmqs.jobs` (Spark) and `consume` / `produce` (plain Python).
+"""Operators: thin wrappers over `pyspark_rmqs.runs.steps` (Spark) and `consume` / `produce` (plain Python).
 
 The watermark protocol (DESIGN §4) lives in `jobs`: the read range is fixed before reading, the
 sink runs, and only after it succeeded are the watermarks stored. These operators render
@@ -48,10 +48,10 @@ from airflow_rmqs.spark_sessions import (
     require_pyspark,
     spark_connect_url,
 )
-from pyspark_rmqs import jobs
-from pyspark_rmqs.delivery import check_delivery, takes_token
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.redact import redact_text
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.redact import redact_text
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs.delivery import check_delivery, takes_token
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -198,8 +198,9 @@ class RabbitMQStreamReadOperator(_BoundedReadOperator, _SparkOperator):
 
     :param output_path: write the rows there with `output_format` / `output_mode` / `output_options`.
     :param process: instead of `output_path`, `process(df, context)` is the sink; a `process` taking a
-        `token` keyword also gets the run's range token (`pyspark_rmqs.delivery.RunToken`), the same
-        for every retry of the range, to make its own writes idempotent (MERGE on stream and offset).
+        `token` keyword also gets the run's range token
+        (`pyspark_rmqs.runs.outputs.delivery.RunToken`), the same for every retry of the range, to make
+        its own writes idempotent (MERGE on stream and offset).
     :param delivery: "exactly_once" (default) stages, publishes and commits `output_path`'s files
         under the run's range token, so a retry of a committed range writes nothing again;
         "at_least_once" writes straight to `output_path` (a retry may write a range twice).

@@ -26,7 +26,7 @@ from airflow_rmqs.operator_base import (
     pipeline_of,
     retries_of,
 )
-from pyspark_rmqs.objectstore import storage_secrets
+from pyspark_rmqs.runs.outputs.objectstore import storage_secrets
 
 
 def resolve_callable(value: Callable[..., Any] | str, param: str) -> Callable[..., Any]:
@@ -75,7 +75,7 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         whole); a retry of the same run replaces it, another consumer or a re-created stream never
         does. Then a commit record per run (`_rmqs_commits/<token>.json`, the manifest of its
         files): a retry of a committed range reads nothing, and readers that must see committed
-        runs only read through it (`pyspark_rmqs.committed.committed_dataset`).
+        runs only read through it (`pyspark_rmqs.runs.outputs.committed.committed_dataset`).
     :param output_conn_id: the Airflow connection holding the output's credentials (templated), as
         `aws_conn_id` elsewhere: an `aws`-style connection (Login/Password = access key id/secret,
         extra `endpoint_url`, `region_name`) and/or extra `storage_options` (fsspec). Without it,
@@ -142,12 +142,12 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         return storage.from_connection(self.output_conn_id)
 
     def _sink(self, options: Mapping[str, Any] | None = None) -> Any:
-        from pyspark_rmqs import consume
+        from pyspark_rmqs.runs import consume
 
         options = options or {}
         if self.output_path is not None and self.output_format == "iceberg":
             from airflow_rmqs.storage import iceberg_properties
-            from pyspark_rmqs.iceberg import IcebergSink
+            from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 
             return IcebergSink(str(self.output_path), {**iceberg_properties(options), **self.iceberg_catalog})
         if self.output_path is not None:
@@ -158,7 +158,7 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from pyspark_rmqs import consume
+        from pyspark_rmqs.runs import consume
 
         conn = self.connection()
         with airflow_failures(secret_values(conn)):
@@ -241,8 +241,8 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         self.confirm_timeout_ms = confirm_timeout_ms
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from pyspark_rmqs import produce
         from pyspark_rmqs.broker.writer import WriteSettings
+        from pyspark_rmqs.runs import produce
 
         conn = self.connection()
         fn = resolve_callable(self.producer_function, "producer_function")

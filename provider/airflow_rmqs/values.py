@@ -1,4 +1,4 @@
-"""Coerce rendered template values into what `pyspark_rmqs.jobs` expects.
+"""Coerce rendered template values into what `pyspark_rmqs.runs.steps` expects.
 
 Jinja renders everything to strings: `{{ params.start }}` gives `'{"orders-0": 5}'` (or the
 Python repr of a dict), `{{ data_interval_start }}` gives `'2024-01-01 00:00:00+00:00'`. These
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.jobs import Position
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.steps import Position
 
 _WORDS = ("watermark", "earliest", "latest")
 

@@ -116,7 +116,7 @@ def sink_then_fail_once(df, context, token):
     if attempt == 1:
         # New data arrives before the retry: the retry must still read exactly the planned range.
         from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-        from pyspark_rmqs.codec import encode
+        from pyspark_rmqs.core.codec import encode
 
         conn = RabbitMQStreamHook(CONN_ID).get_conn()
         with StreamProducer(conn, STREAM, superstream=False, settings=WriteSettings()) as p:

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from airflow_rmqs.hooks import RabbitMQStreamHook, connection_to_options
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from tests.airflow.conftest import secret_uri
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish

@@ -1,6 +1,6 @@
 """The Airflow hook and the Dagster resource: the same calls, signatures and results.
 
-Both are thin handles on the connector: every shared call is `pyspark_rmqs.handle.StreamsHandle`'s,
+Both are thin handles on the connector: every shared call is `pyspark_rmqs.runs.handle.StreamsHandle`'s,
 written once, and each side only says where its connection comes from. So a user moving between
 orchestrators types the same calls and gets the same values back, and a call written again in
 one of them (a twin that could drift) fails here. Lives with the Airflow tests because Airflow
@@ -21,9 +21,9 @@ from dagster import ConfigurableResource
 
 from airflow_rmqs.hooks import RabbitMQStreamHook
 from dagster_rmqs import RabbitMQStreamsResource
-from pyspark_rmqs.errors import StreamNotFoundError
-from pyspark_rmqs.handle import StreamsHandle
-from pyspark_rmqs.watermarks import Watermarks
+from pyspark_rmqs.core.errors import StreamNotFoundError
+from pyspark_rmqs.runs.handle import StreamsHandle
+from pyspark_rmqs.runs.watermarks import Watermarks
 from tests.conftest import StreamFactory
 from tests.dagster.conftest import resource_of
 from tests.support.broker import BrokerSettings

@@ -15,7 +15,7 @@ from airflow_rmqs.operators import (
     RabbitMQStreamPublishOperator,
     RabbitMQStreamReadOperator,
 )
-from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError, DataLossError
+from pyspark_rmqs.core.errors import BrokerUnavailableError, ConfigurationError, DataLossError
 
 pytestmark = pytest.mark.airflow
 
@@ -54,7 +54,8 @@ def test_error_mapping() -> None:
     with pytest.raises(BrokerUnavailableError), airflow_failures():
         raise BrokerUnavailableError("down")  # retryable: Airflow retries it
     spark_text = (
-        "PythonException: ...\npyspark_rmqs.errors.DataLossError: offsets [0, 5) of stream 's' were removed"
+        "PythonException: ...\n"
+        "pyspark_rmqs.core.errors.DataLossError: offsets [0, 5) of stream 's' were removed"
     )
     with pytest.raises(AirflowFailException, match=r"^DataLossError: offsets \[0, 5\)"), airflow_failures():
         raise RuntimeError(spark_text)
@@ -97,8 +98,8 @@ def test_read_and_drain_operators_serialise_runs_per_consumer_by_default() -> No
 
 def test_consume_operator_writes_iceberg_tables_through_the_iceberg_sink(tmp_path: Path) -> None:
     from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
-    from pyspark_rmqs.consume import ParquetSink
-    from pyspark_rmqs.iceberg import IcebergSink
+    from pyspark_rmqs.runs.consume import ParquetSink
+    from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 
     catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
     ice = RabbitMQStreamConsumeOperator(

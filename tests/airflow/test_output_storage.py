@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_rmqs.storage import iceberg_properties, storage_options
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 pytestmark = [pytest.mark.airflow]
 

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_rmqs.operators import RabbitMQStreamProduceOperator
 from pyspark_rmqs.broker.reader import read_range
-from pyspark_rmqs.errors import ConsumerBusyError
+from pyspark_rmqs.core.errors import ConsumerBusyError
 from pyspark_rmqs.runs import lease
 from tests.airflow.conftest import load_dag_module, write_dag_file
 from tests.support.broker import BrokerSettings

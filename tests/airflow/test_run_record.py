@@ -16,9 +16,9 @@ import pyarrow.dataset as pads
 import pytest
 
 from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamReadOperator
-from pyspark_rmqs import jobs
-from pyspark_rmqs.errors import ConsumerBusyError
-from pyspark_rmqs.watermarks import store_watermarks, watermarks
+from pyspark_rmqs.core.errors import ConsumerBusyError
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 from tests.support import broker as tb
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of, publish
@@ -289,7 +289,7 @@ def test_two_tries_of_an_iceberg_run_at_once_append_once(
     """A try still running (a zombie) and its retry: the retry fails before it reads; one append."""
     from pyiceberg.catalog import load_catalog
 
-    from pyspark_rmqs.iceberg import TOKEN_PROPERTY, IcebergSink
+    from pyspark_rmqs.runs.outputs.iceberg import TOKEN_PROPERTY, IcebergSink
 
     s = streams.stream("ice2")
     publish(broker, s, [f"m{i}".encode() for i in range(5100)])

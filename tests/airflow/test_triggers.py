@@ -10,7 +10,7 @@ import pytest
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger
 
 from airflow_rmqs.triggers import RabbitMQStreamLagTrigger, RabbitMQStreamNewDataTrigger
-from pyspark_rmqs.errors import StreamNotFoundError
+from pyspark_rmqs.core.errors import StreamNotFoundError
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish
 
@@ -50,8 +50,8 @@ def test_triggers_round_trip_through_serialize() -> None:
 
 def test_polling_waits_out_retryable_errors_and_ends_on_the_others() -> None:
     """The triggers retry exactly what `errors.classify` calls retryable (no broker needed)."""
-    from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError
-    from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+    from pyspark_rmqs.core.errors import BrokerUnavailableError, ConfigurationError
+    from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
 
     ready = Watermarks("s", "etl", False, (PartitionWatermark("s", 0, 3, None),))
 

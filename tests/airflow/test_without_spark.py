@@ -23,10 +23,11 @@ from airflow_rmqs.operators import (
     RabbitMQStreamProduceOperator,
     RabbitMQStreamReadOperator,
 )
-from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.broker.reader import ReadSettings, read_range
 from pyspark_rmqs.broker.writer import hash_partition
-from pyspark_rmqs.schema import source_arrow_schema
+from pyspark_rmqs.core.schema import source_arrow_schema
+from pyspark_rmqs.runs import consume
+from pyspark_rmqs.runs import steps as jobs
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of, publish, publish_keyed
 

@@ -27,7 +27,7 @@ from rstream import exceptions as rx
 from rstream.client import Client
 
 from pyspark_rmqs.broker.topology import Node, Topology
-from pyspark_rmqs.errors import BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerUnavailableError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from tests.support.broker import BROKER_SH
 

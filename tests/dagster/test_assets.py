@@ -24,7 +24,7 @@ from dagster_rmqs import (
     offset_range_key,
     offset_range_partitions,
 )
-from pyspark_rmqs.errors import BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerUnavailableError
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish

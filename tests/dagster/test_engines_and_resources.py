@@ -25,7 +25,7 @@ from dagster_rmqs import (
     build_new_data_sensor,
     build_stream_asset,
 )
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from tests.conftest import StreamFactory
 from tests.dagster.conftest import resource_of
 from tests.support.broker import BrokerSettings

@@ -13,8 +13,9 @@ import pytest
 from dagster import RetryPolicy, materialize
 
 from dagster_rmqs import ObjectStoreResource, RabbitMQStreamsResource, build_stream_asset
-from pyspark_rmqs import committed, jobs
-from pyspark_rmqs.errors import BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerUnavailableError
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs import committed
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish
@@ -75,7 +76,7 @@ def test_an_arrow_asset_into_s3_retried_after_its_commit_writes_every_offset_onc
 
 
 def test_output_storage_key_is_for_the_arrow_engine() -> None:
-    from pyspark_rmqs.errors import ConfigurationError
+    from pyspark_rmqs.core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="output_storage_key is for engine='arrow'"):
         build_stream_asset(

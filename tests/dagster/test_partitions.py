@@ -10,7 +10,7 @@ from dagster_rmqs import (
     range_layers,
     range_run_key,
 )
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 pytestmark = pytest.mark.dagster
 

@@ -15,8 +15,8 @@ from dagster import DagsterInstance, Definitions, EnvVar, materialize
 from pyspark.sql import SparkSession
 
 from dagster_rmqs import RabbitMQStreamsResource, SparkSessionResource, build_stream_asset
-from pyspark_rmqs import jobs
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs import steps as jobs
 from tests.conftest import StreamFactory
 from tests.dagster.conftest import resource_of
 from tests.support.broker import BrokerSettings
@@ -163,7 +163,9 @@ def test_errors_that_crossed_spark_are_classified_by_their_rmqs_class() -> None:
 
     from dagster_rmqs.assets import _failures
 
-    wrapped = "PythonException:\n  pyspark_rmqs.errors.DataLossError: offsets [0, 5) of 's' were removed\n..."
+    wrapped = (
+        "PythonException:\n  pyspark_rmqs.core.errors.DataLossError: offsets [0, 5) of 's' were removed\n..."
+    )
     with pytest.raises(Failure, match=r"^DataLossError: offsets \[0, 5\)") as failure, _failures():
         raise RuntimeError(wrapped)
     assert failure.value.allow_retries is False

@@ -7,7 +7,7 @@ from dagster import AssetKey, build_sensor_context
 
 from dagster_rmqs import offset_range_key, offset_range_partitions
 from dagster_rmqs.sensors import evaluate_new_data, evaluate_observation, tails_data_version
-from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
 
 PDEF = offset_range_partitions("orders_ranges")
 
@@ -91,8 +91,8 @@ def test_stream_target_is_built_on_the_core_target() -> None:
     """`StreamTarget` keeps its fields and metadata keys; the check and the name are the core `Target`'s."""
     from dagster_rmqs import StreamTarget
     from dagster_rmqs.targets import make_target
-    from pyspark_rmqs.errors import ConfigurationError
-    from pyspark_rmqs.target import Target
+    from pyspark_rmqs.core.errors import ConfigurationError
+    from pyspark_rmqs.core.target import Target
 
     t = make_target(None, "orders", "etl")
     assert (t.stream, t.superstream, t.consumer_name, t.rabbitmq_key) == (None, "orders", "etl", "rabbitmq")

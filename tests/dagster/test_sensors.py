@@ -22,7 +22,7 @@ from dagster_rmqs import (
     range_run_key,
     stream_asset_spec,
 )
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish

@@ -27,8 +27,8 @@ from dagster_rmqs import (
     build_new_data_sensor,
     build_stream_asset,
 )
-from pyspark_rmqs.committed import committed_dataset
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.outputs.committed import committed_dataset
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish
@@ -331,7 +331,7 @@ def test_keep_only_leaves_one_run_in_a_window_folder_and_keys_are_escaped_as_spa
     tmp_path: Path,
 ) -> None:
     from dagster_rmqs.windows import escape_key, keep_only, window_path
-    from pyspark_rmqs.delivery import FileCommits, RunToken
+    from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken
 
     assert escape_key("2026-01-01-12:01") == "2026-01-01-12%3A01" and escape_key("2026-01-01") == "2026-01-01"
     folder = window_path(str(tmp_path), "2026-01-01-12:01")

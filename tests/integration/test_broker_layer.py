@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import codec
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings, read_range
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings, hash_partition
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.errors import (
     AuthenticationError,
     BrokerTimeoutError,
     ConfigurationError,
@@ -27,8 +27,8 @@ from pyspark_rmqs.errors import (
     PublishError,
     StreamNotFoundError,
 )
+from pyspark_rmqs.core.schema import METADATA_FIELDS, PROPERTY_NAMES
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
-from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES
 from tests.support.broker import BrokerSettings
 
 pytestmark = pytest.mark.timeout(180)

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from pyspark_rmqs.cli import app, sample_orders
+from pyspark_rmqs.cli.app import app, sample_orders
 from tests.support.broker import BrokerSettings
 from tests.support.data import client
 

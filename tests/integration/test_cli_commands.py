@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pyspark_rmqs import cli, cli_common
-from pyspark_rmqs.cli_watermark import pending_ranges
-from pyspark_rmqs.jobs import plan_read
+from pyspark_rmqs.cli import app as cli
+from pyspark_rmqs.cli import common as cli_common
+from pyspark_rmqs.cli.watermark import pending_ranges
+from pyspark_rmqs.runs.steps import plan_read
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import client, conn_of, publish, publish_keyed
 
@@ -443,7 +444,7 @@ def test_broker_and_demo_explain_themselves_outside_a_checkout(monkeypatch) -> N
         r = runner.invoke(cli.app, words)
         assert r.exit_code == 1, r.output
         assert "needs a checkout of the rmqs repository" in r.output and "RMQS_URI" in r.output
-    from pyspark_rmqs import demo
+    from pyspark_rmqs.cli import demo
 
     monkeypatch.setattr(cli_common, "checkout_root", lambda: None)
     assert demo.run_demo() == 1

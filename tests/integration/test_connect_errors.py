@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import AuthenticationError, BrokerUnavailableError, RmqsError
+from pyspark_rmqs.core.errors import AuthenticationError, BrokerUnavailableError, RmqsError
 from pyspark_rmqs.options import parse_connection_options
 from tests.support.broker import BrokerSettings, ctl
 

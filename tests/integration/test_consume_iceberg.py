@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import consume, jobs
-from pyspark_rmqs.iceberg import IcebergSink
+from pyspark_rmqs.runs import consume
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 

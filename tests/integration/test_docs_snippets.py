@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from pyspark_rmqs.cli import app
+from pyspark_rmqs.cli.app import app
 from tests.support import docs
 from tests.support.broker import BrokerSettings
 from tests.support.data import publish, publish_keyed

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import codec
 from pyspark_rmqs.broker import connect as connect_module
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.reader import read_range
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.errors import DataError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of

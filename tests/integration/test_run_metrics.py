@@ -16,10 +16,17 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.consume import ParquetSink, run_consume
-from pyspark_rmqs.jobs import ExecutorReadMetrics, RunSummary, plan_read, run_drain, run_read, write_output
+from pyspark_rmqs.core.batches import BatchBuilder
+from pyspark_rmqs.runs.consume import ParquetSink, run_consume
+from pyspark_rmqs.runs.steps import (
+    ExecutorReadMetrics,
+    RunSummary,
+    plan_read,
+    run_drain,
+    run_read,
+    write_output,
+)
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 

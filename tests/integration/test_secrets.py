@@ -21,12 +21,12 @@ from urllib.parse import quote
 import pyarrow as pa
 import pytest
 
-from pyspark_rmqs import codec
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import AuthenticationError
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.errors import AuthenticationError
 from pyspark_rmqs.options import parse_connection_options, parse_sink_options, parse_source_options
 from tests.support.broker import BrokerSettings, ctl
 from tests.support.data import publish

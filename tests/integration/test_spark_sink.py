@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_rmqs.broker.writer import hash_partition
-from pyspark_rmqs.schema import METADATA_FIELDS
+from pyspark_rmqs.core.schema import METADATA_FIELDS
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, spark_options
 

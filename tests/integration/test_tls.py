@@ -20,12 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pyspark_rmqs import codec
 from pyspark_rmqs.broker import connect as connect_module
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.errors import BrokerUnavailableError, ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from tests.support.broker import REPO, BrokerSettings
 

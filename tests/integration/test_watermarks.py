@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pyspark_rmqs.errors import StreamNotFoundError
-from pyspark_rmqs.watermarks import awatermarks, store_watermarks, watermarks, watermarks_after
+from pyspark_rmqs.core.errors import StreamNotFoundError
+from pyspark_rmqs.runs.watermarks import awatermarks, store_watermarks, watermarks, watermarks_after
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 

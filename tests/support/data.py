@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
+from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 from tests.support.broker import BrokerSettings
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.options import (
     INTEGER_BOUNDS,
     KNOWN_SINK_OPTIONS,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import typer.main
 
-from pyspark_rmqs.cli import app
-from pyspark_rmqs.cli_common import CONNECTION_FLAGS, EXIT_ERROR, EXIT_LAG
+from pyspark_rmqs.cli.app import app
+from pyspark_rmqs.cli.common import CONNECTION_FLAGS, EXIT_ERROR, EXIT_LAG
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "cli.md").read_text()

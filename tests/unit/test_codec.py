@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from rstream._pyamqp.message import Header, Properties
 from rstream.amqp import AMQPMessage, amqp_decoder
 
-from pyspark_rmqs import codec
-from pyspark_rmqs.batches import BatchBuilder
-from pyspark_rmqs.chunks import chunk_bodies, chunk_records
-from pyspark_rmqs.codec import Timestamp, bodies, decode, encode, to_text
-from pyspark_rmqs.errors import DataError
-from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES, TS, source_arrow_schema
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.batches import BatchBuilder
+from pyspark_rmqs.core.chunks import chunk_bodies, chunk_records
+from pyspark_rmqs.core.codec import Timestamp, bodies, decode, encode, to_text
+from pyspark_rmqs.core.errors import DataError
+from pyspark_rmqs.core.schema import METADATA_FIELDS, PROPERTY_NAMES, TS, source_arrow_schema
 
 T0 = 1_700_000_000_123  # 2023-11-14T22:13:20.123Z in epoch millis
 T0_DT = datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)

@@ -33,12 +33,12 @@ from hypothesis import strategies as st
 from rstream._pyamqp.message import Properties
 from rstream.amqp import AMQPMessage
 
-from pyspark_rmqs import chunks as chunk_entries
-from pyspark_rmqs import codec
-from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker import protocol
-from pyspark_rmqs.errors import DataError
-from pyspark_rmqs.schema import METADATA_FIELDS, source_arrow_schema
+from pyspark_rmqs.core import chunks as chunk_entries
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.batches import BatchBuilder
+from pyspark_rmqs.core.errors import DataError
+from pyspark_rmqs.core.schema import METADATA_FIELDS, source_arrow_schema
 
 FUZZ = settings(
     max_examples=300,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXECUTOR_ONLY = ("pyspark_rmqs.broker.reader", "pyspark_rmqs.batches", "pyarrow.compute")
+EXECUTOR_ONLY = ("pyspark_rmqs.broker.reader", "pyspark_rmqs.core.batches", "pyarrow.compute")
 
 
 def _loaded_after(modules: str) -> list[str]:

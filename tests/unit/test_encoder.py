@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from pyspark_rmqs import codec
-from pyspark_rmqs.batches import MessageEncoder, encode_row
-from pyspark_rmqs.errors import DataError
-from pyspark_rmqs.produce import encode_message
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.batches import MessageEncoder, encode_row
+from pyspark_rmqs.core.errors import DataError
+from pyspark_rmqs.runs.produce import encode_message
 
 ROW = {
     "value": b"v",

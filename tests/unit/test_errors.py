@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyspark_rmqs import errors
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core import errors
+from pyspark_rmqs.core.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
     ConfigurationError,
@@ -49,14 +49,14 @@ def test_an_error_raised_inside_spark_is_classified_by_its_rmqs_line() -> None:
     wrapped = Exception(
         "[PYTHON_DATA_SOURCE_ERROR] Failed to plan: Traceback (most recent call last):\n"
         '  File "x.py", line 1\n'
-        "pyspark_rmqs.errors.DataLossError: offsets [0, 5) of stream 's' are lost (5 offsets): gone\n"
+        "pyspark_rmqs.core.errors.DataLossError: offsets [0, 5) of stream 's' are lost (5 offsets): gone\n"
         " SQLSTATE: 38000"
     )
     verdict = classify(wrapped)
     assert verdict == errors.Classified(
         False, "DataLossError: offsets [0, 5) of stream 's' are lost (5 offsets): gone", "DataLossError"
     )
-    transient = Exception("Traceback\npyspark_rmqs.errors.BrokerUnavailableError: connection lost\n")
+    transient = Exception("Traceback\npyspark_rmqs.core.errors.BrokerUnavailableError: connection lost\n")
     assert classify(transient).retryable is True
     assert classify(transient).error == "BrokerUnavailableError"
 
@@ -72,7 +72,7 @@ def test_data_loss_has_one_wording_and_obeys_fail_on_data_loss(caplog: pytest.Lo
 
 
 def test_the_commit_state_of_a_failure_travels_with_it() -> None:
-    from pyspark_rmqs.errors import COMMIT_ADVICE, CommitState, mark_commit_state
+    from pyspark_rmqs.core.errors import COMMIT_ADVICE, CommitState, mark_commit_state
 
     e = mark_commit_state(ConnectionError("lost"), CommitState.COMMITTED)
     mark_commit_state(e, CommitState.BEFORE)  # the first mark wins: it is where the run failed

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.extensions import AddressResolver, MessageView, Partitioner, PostFilter, load
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.extensions import AddressResolver, MessageView, Partitioner, PostFilter, load
 
 HERE = __name__
 CALLS: list[str] = []  # what the targets below did when called: nothing, unless they were loaded

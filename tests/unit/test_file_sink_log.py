@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pyspark_rmqs.spark.file_sink_log import LOG_DIR, uri_path, written
+from pyspark_rmqs.runs.outputs.file_sink_log import LOG_DIR, uri_path, written
 
 
 def _part(out: Path, batch: int, rows: int) -> tuple[str, int]:

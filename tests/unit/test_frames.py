@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from pyspark_rmqs.broker import frames
-from pyspark_rmqs.chunks import COMPRESSION_CODES, chunk_records
-from pyspark_rmqs.codec import encode_body
+from pyspark_rmqs.core.chunks import COMPRESSION_CODES, chunk_records
+from pyspark_rmqs.core.codec import encode_body
 
 MESSAGES = [encode_body(b"m%d" % i * (i + 1)) for i in range(7)]
 

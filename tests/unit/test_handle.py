@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import handle
-from pyspark_rmqs.errors import BrokerTimeoutError
-from pyspark_rmqs.handle import StreamsHandle
+from pyspark_rmqs.core.errors import BrokerTimeoutError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
-from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+from pyspark_rmqs.runs import handle
+from pyspark_rmqs.runs.handle import StreamsHandle
+from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
 
 ROOT = Path(__file__).resolve().parents[2]
 W = Watermarks(
@@ -156,7 +156,7 @@ def test_watermarks_helpers_and_the_dict_shape_the_cli_and_xcom_depend_on() -> N
 
 def test_importing_the_handle_loads_neither_pyspark_nor_pyarrow() -> None:
     code = (
-        "import sys, pyspark_rmqs.handle; "
+        "import sys, pyspark_rmqs.runs.handle; "
         "print(sorted(m for m in ('pyspark', 'pyarrow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

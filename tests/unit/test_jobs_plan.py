@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import jobs
-from pyspark_rmqs.delivery import RunToken
-from pyspark_rmqs.errors import ConfigurationError, DataLossError
+from pyspark_rmqs.core.errors import ConfigurationError, DataLossError
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs.delivery import RunToken
 from tests.unit.test_offsets import _CONN, _Tracking, tracking  # noqa: F401 - the fixture
 
 
@@ -176,7 +176,7 @@ def test_a_drain_never_moves_a_watermark_another_run_moved_further(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A drain ending below what another run already stored keeps that stream's watermark."""
-    from pyspark_rmqs.target import Target
+    from pyspark_rmqs.core.target import Target
 
     tracking.stored.update({("etl", "o-0"): 80, ("etl", "o-1"): 10})
     kept = jobs._never_backwards(_CONN, "etl", {"o-0": 59, "o-1": 99}, Target.of(superstream="o"))

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pyspark_rmqs import committed
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.objectstore import locate, storage_secrets, without_secrets
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.outputs import committed
+from pyspark_rmqs.runs.outputs.objectstore import locate, storage_secrets, without_secrets
 
 
 def test_a_local_folder_is_local_and_an_s3_uri_is_not(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_committed_files_include_each_time_windows_own_manifests(tmp_path: Path)
 
 
 def test_spark_exactly_once_files_refuse_an_object_store_and_say_what_to_use() -> None:
-    from pyspark_rmqs.delivery import FileCommits
+    from pyspark_rmqs.runs.outputs.delivery import FileCommits
 
     with pytest.raises(ConfigurationError, match="object stores lack") as e:
         FileCommits("s3://bucket/orders")

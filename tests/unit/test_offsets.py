@@ -1,4 +1,4 @@
-"""Unit and property tests of the pure offset arithmetic in `pyspark_rmqs.offsets`."""
+"""Unit and property tests of the pure offset arithmetic in `pyspark_rmqs.core.offsets`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyspark_rmqs.broker.client import AsyncBrokerClient
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.offsets import (
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.offsets import (
     EARLIEST,
     LATEST,
     OffsetRange,
@@ -516,7 +516,7 @@ def _runner(firsts: dict[str, int], tails: dict[str, int], **options: str) -> An
 @pytest.fixture
 def merge_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[tuple[int, int, int]]]]:
     """Spy on the one merge function: the runner must call it, not a copy of its own."""
-    from pyspark_rmqs import offsets
+    from pyspark_rmqs.core import offsets
 
     calls: list[tuple[int, list[tuple[int, int, int]]]] = []
     real = offsets.merge_committed_splits
@@ -652,7 +652,7 @@ def _source(**options: str) -> Any:
 def test_starting_and_ending_offsets_from_source_options(
     options: dict[str, str], start: dict[str, int], end: dict[str, int] | None
 ) -> None:
-    from pyspark_rmqs.planning import Bounds, ending_offsets, starting_offsets
+    from pyspark_rmqs.broker.positions import Bounds, ending_offsets, starting_offsets
 
     b = Bounds(**_BOUNDS)
     client = _TimestampClient()
@@ -664,9 +664,9 @@ def test_starting_and_ending_offsets_from_source_options(
 
 
 def test_ending_offsets_beyond_the_tail_read_to_the_tail(caplog: pytest.LogCaptureFixture) -> None:
-    from pyspark_rmqs.planning import Bounds, ending_offsets
+    from pyspark_rmqs.broker.positions import Bounds, ending_offsets
 
-    caplog.set_level("INFO", logger="pyspark_rmqs.planning")
+    caplog.set_level("INFO", logger="pyspark_rmqs.broker.positions")
     b = Bounds(**_BOUNDS)
     assert ending_offsets(_source(endingOffsets='{"o-0": 100, "o-1": 250}'), b) == {"o-0": 100, "o-1": 200}
     assert [r.getMessage() for r in caplog.records] == [
@@ -675,7 +675,7 @@ def test_ending_offsets_beyond_the_tail_read_to_the_tail(caplog: pytest.LogCaptu
 
 
 def test_resolve_positions_watermark_and_its_fallback() -> None:
-    from pyspark_rmqs.planning import Bounds, resolve_positions
+    from pyspark_rmqs.broker.positions import Bounds, resolve_positions
 
     b = Bounds(**_BOUNDS)
     stored = {"o-0": 41, "o-1": None}
@@ -703,7 +703,7 @@ def test_resolve_positions_watermark_and_its_fallback() -> None:
     ],
 )
 def test_resolve_positions_errors(pos: Any, is_end: bool, message: str) -> None:
-    from pyspark_rmqs.planning import Bounds, resolve_positions
+    from pyspark_rmqs.broker.positions import Bounds, resolve_positions
 
     with pytest.raises(ConfigurationError) as e:
         resolve_positions(None, Bounds(**_BOUNDS), pos, is_end=is_end)
@@ -735,8 +735,8 @@ class _MetaClient:
 
 
 def test_clamp_to_retention(caplog: pytest.LogCaptureFixture) -> None:
-    from pyspark_rmqs.errors import DataLossError
-    from pyspark_rmqs.planning import Bounds, clamp_to_retention
+    from pyspark_rmqs.broker.positions import Bounds, clamp_to_retention
+    from pyspark_rmqs.core.errors import DataLossError
 
     b = Bounds(**_BOUNDS)
     starts = {"o-0": 10, "o-1": 15, "gone": 3}
@@ -751,8 +751,8 @@ def test_clamp_to_retention(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_check_version() -> None:
-    from pyspark_rmqs.errors import UnsupportedBrokerError
-    from pyspark_rmqs.planning import check_version
+    from pyspark_rmqs.broker.positions import check_version
+    from pyspark_rmqs.core.errors import UnsupportedBrokerError
 
     assert check_version(_MetaClient("3.11.0"), superstream=True) == "3.11.0"  # type: ignore[arg-type]
     assert check_version(_MetaClient("3.10.9")) == "3.10.9"  # type: ignore[arg-type]
@@ -771,10 +771,10 @@ def test_check_version() -> None:
 
 
 def test_partition_streams_bounds_and_stored_starts() -> None:
-    from pyspark_rmqs.errors import ConfigurationError as Conf
-    from pyspark_rmqs.errors import DataLossError, StreamNotFoundError
+    from pyspark_rmqs.broker.positions import bounds, partition_streams, stored_starts
+    from pyspark_rmqs.core.errors import ConfigurationError as Conf
+    from pyspark_rmqs.core.errors import DataLossError, StreamNotFoundError
     from pyspark_rmqs.options import parse_source_options
-    from pyspark_rmqs.planning import bounds, partition_streams, stored_starts
 
     c: Any = _MetaClient(parts=["o-1", "o-0"])
     assert partition_streams(c, _source()) == ["o-1", "o-0"]  # the broker's order
@@ -840,7 +840,7 @@ class _Tracking:
 
 @pytest.fixture
 def tracking(monkeypatch: pytest.MonkeyPatch) -> type[_Tracking]:
-    from pyspark_rmqs import watermarks
+    from pyspark_rmqs.runs import watermarks
 
     monkeypatch.setattr(_Tracking, "stored", {})
     monkeypatch.setattr(_Tracking, "stores", [])
@@ -850,7 +850,7 @@ def tracking(monkeypatch: pytest.MonkeyPatch) -> type[_Tracking]:
 
 
 def test_partition_watermark_arithmetic() -> None:
-    from pyspark_rmqs.watermarks import PartitionWatermark, Watermarks
+    from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
 
     fresh = PartitionWatermark("o-0", 10, 100, None)
     assert (fresh.next_offset, fresh.lag, fresh.lost) == (10, 90, 0)
@@ -880,7 +880,7 @@ def test_partition_watermark_arithmetic() -> None:
 
 def test_watermarks_after_and_lease_names() -> None:
     from pyspark_rmqs.runs.lease import MAX_NAME_BYTES, check_name
-    from pyspark_rmqs.watermarks import watermarks_after
+    from pyspark_rmqs.runs.watermarks import watermarks_after
 
     assert watermarks_after({"o-0": (10, 100), "o-1": (5, 5), "o-2": (0, 1)}) == {"o-0": 99, "o-2": 0}
     assert check_name("x" * MAX_NAME_BYTES) == "x" * MAX_NAME_BYTES
@@ -890,8 +890,8 @@ def test_watermarks_after_and_lease_names() -> None:
 
 
 def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) -> None:
-    from pyspark_rmqs.errors import StreamNotFoundError
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.core.errors import StreamNotFoundError
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     tracking.stored[("etl", "o-1")] = 49
     w = watermarks(_CONN, "etl", superstream="o")
@@ -910,8 +910,8 @@ def test_watermarks_of_a_super_stream_and_a_stream(tracking: type[_Tracking]) ->
 
 
 def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
-    from pyspark_rmqs.errors import WatermarkConflictError
-    from pyspark_rmqs.watermarks import store_watermarks_checked
+    from pyspark_rmqs.core.errors import WatermarkConflictError
+    from pyspark_rmqs.runs.watermarks import store_watermarks_checked
 
     tracking.stored[("etl", "o-0")] = 9
     store_watermarks_checked(_CONN, "etl", {"o-0": 99}, {"o-0": 9, "o-1": None})
@@ -931,8 +931,8 @@ def test_store_watermarks_checked(tracking: type[_Tracking]) -> None:
 
 
 def test_watermark_edges(tracking: type[_Tracking]) -> None:
-    from pyspark_rmqs.errors import WatermarkConflictError
-    from pyspark_rmqs.watermarks import (
+    from pyspark_rmqs.core.errors import WatermarkConflictError
+    from pyspark_rmqs.runs.watermarks import (
         PartitionWatermark,
         Watermarks,
         store_watermarks,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 import pyspark_rmqs
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.redact import SECRET_OPTIONS
 from pyspark_rmqs.options import (
     INTEGER_BOUNDS,
     KNOWN_SINK_OPTIONS,
@@ -26,7 +27,6 @@ from pyspark_rmqs.options import (
     parse_source_options,
 )
 from pyspark_rmqs.options.fields import OptionModel, bounds, plain_type
-from pyspark_rmqs.redact import SECRET_OPTIONS
 
 SECRET = "s3cr3t-pw"
 BASE = {"endpoints": "localhost:5552", "stream": "orders"}

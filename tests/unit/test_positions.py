@@ -6,10 +6,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.offsets import EARLIEST, LATEST
+from pyspark_rmqs.broker.positions import (
+    Bounds,
+    ending_offsets,
+    resolve_positions,
+    source_position,
+    starting_offsets,
+)
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.offsets import EARLIEST, LATEST
 from pyspark_rmqs.options import parse_source_options
-from pyspark_rmqs.planning import Bounds, ending_offsets, resolve_positions, source_position, starting_offsets
 
 B = Bounds(first={"o-0": 10, "o-1": 0}, tail={"o-0": 100, "o-1": 50})
 
@@ -95,8 +101,8 @@ class _Oldest:
 def test_a_timestamp_start_before_the_oldest_chunk_of_a_truncated_stream_is_data_loss(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from pyspark_rmqs.errors import DataLossError
-    from pyspark_rmqs.planning import timestamp_start_loss
+    from pyspark_rmqs.broker.positions import timestamp_start_loss
+    from pyspark_rmqs.core.errors import DataLossError
 
     old = _Oldest()
     with pytest.raises(DataLossError, match=r"offsets \[0, 10\) of stream 'o-0' are lost .* \(499 ms\)"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.runs import record
 from pyspark_rmqs.runs.producer import (
     HISTORY,
@@ -18,7 +19,6 @@ from pyspark_rmqs.runs.producer import (
     plan_run,
     producer_key,
 )
-from pyspark_rmqs.target import Target
 
 
 def rec(*runs: ProducerRun) -> ProducerRecord:

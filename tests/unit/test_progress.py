@@ -1,4 +1,4 @@
-from pyspark_rmqs.progress import lag_from_progress
+from pyspark_rmqs.core.progress import lag_from_progress
 
 
 def test_lag_from_progress_per_source() -> None:

@@ -12,7 +12,7 @@ from rstream import exceptions as rx
 
 from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.recovery import Backoff, as_transient
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core.errors import (
     AuthenticationError,
     BrokerTimeoutError,
     BrokerUnavailableError,

@@ -1,4 +1,4 @@
-"""Secrets never echoed: `pyspark_rmqs.redact` and every option parse that builds a message from a
+"""Secrets never echoed: `pyspark_rmqs.core.redact` and every option parse that builds a message from a
 URI or an option value.
 
 Passwords hold the characters that break URI parsing (`/ @ : # ? %`) and unicode; they are given
@@ -16,9 +16,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.options import parse_connection_options, parse_sink_options, parse_source_options
-from pyspark_rmqs.redact import (
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.redact import (
     MASK,
     redact_option,
     redact_text,
@@ -26,6 +25,7 @@ from pyspark_rmqs.redact import (
     redacted_errors,
     secrets_in,
 )
+from pyspark_rmqs.options import parse_connection_options, parse_sink_options, parse_source_options
 
 RESERVED = "/@:#?%"
 PASSWORDS = [

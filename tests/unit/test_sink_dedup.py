@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.options import parse_sink_options
 from pyspark_rmqs.spark.sink import Dedup, TaskIdentity, check_producer_name, dedup_for, new_job_token
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pyspark_rmqs.cli import app
+from pyspark_rmqs.cli.app import app
 from pyspark_rmqs.spark import jvm
 
 

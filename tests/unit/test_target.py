@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from pyspark_rmqs.errors import ConfigurationError, StreamNotFoundError
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.core.errors import ConfigurationError, StreamNotFoundError
+from pyspark_rmqs.core.target import Target
 
 
 class _Client:

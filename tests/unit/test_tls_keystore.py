@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from pyspark_rmqs.broker import tls
 from pyspark_rmqs.broker.connect import ssl_context
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
 
 STORE_PASSWORD = "Keyst0re-Pw"

@@ -9,7 +9,7 @@ import pytest
 from rstream import schema
 
 from pyspark_rmqs.broker.topology import NO_LEADER, Node, Topology, node_of, parse_metadata
-from pyspark_rmqs.errors import BrokerUnavailableError, StreamNotFoundError
+from pyspark_rmqs.core.errors import BrokerUnavailableError, StreamNotFoundError
 
 N1, N2, N3 = Node("n1", 5552), Node("n2", 5553), Node("n3", 5554)
 

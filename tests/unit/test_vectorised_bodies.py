@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_rmqs import chunks
-from pyspark_rmqs.batches import BatchBuilder
-from pyspark_rmqs.chunks import sub_entry
-from pyspark_rmqs.codec import encode
-from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.core import chunks
+from pyspark_rmqs.core.batches import BatchBuilder
+from pyspark_rmqs.core.chunks import sub_entry
+from pyspark_rmqs.core.codec import encode
+from pyspark_rmqs.core.errors import DataError
 
 
 def entry(m: bytes) -> bytes:

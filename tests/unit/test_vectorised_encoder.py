@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_rmqs import chunks, codec
-from pyspark_rmqs.batches import MessageEncoder, encode_bodies
-from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.core import chunks, codec
+from pyspark_rmqs.core.batches import MessageEncoder, encode_bodies
+from pyspark_rmqs.core.errors import DataError
 
 BODIES = st.lists(
     st.one_of(st.binary(max_size=300), st.binary(min_size=250, max_size=70_000)), min_size=0, max_size=40

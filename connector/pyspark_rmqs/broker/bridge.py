@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
-from pyspark_rmqs.errors import BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerUnavailableError
 
 # Adaptive credits (initialCredits=0): the first request, and the ceilings on chunks in flight and
 # on the bytes queued plus in flight (chunks are at most a few MiB; the queue bounds messages too).

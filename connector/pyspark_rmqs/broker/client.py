@@ -25,7 +25,7 @@ from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, retry_async
 from pyspark_rmqs.broker.topology import Node
-from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
+from pyspark_rmqs.core.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -281,8 +281,8 @@ class AsyncBrokerClient:
         when the search began; None when no message there matches (or the stream is empty). Meant
         for small metadata streams (the run records), not for user data.
         """
-        from pyspark_rmqs.chunks import chunk_records
-        from pyspark_rmqs.codec import bodies
+        from pyspark_rmqs.core.chunks import chunk_records
+        from pyspark_rmqs.core.codec import bodies
 
         st = await self.stats(stream)
         if st.is_empty:

@@ -22,7 +22,7 @@ from rstream import schema
 
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.topology import Node, node_of
-from pyspark_rmqs.errors import AuthenticationError, BrokerUnavailableError, ConfigurationError
+from pyspark_rmqs.core.errors import AuthenticationError, BrokerUnavailableError, ConfigurationError
 
 
 class _RedactSaslFrames(logging.Filter):
@@ -199,7 +199,7 @@ def _resolver(conn: Any) -> Any:
     path = getattr(conn, "address_resolver_class", None)
     if not path:
         return None
-    from pyspark_rmqs.extensions import AddressResolver, load
+    from pyspark_rmqs.core.extensions import AddressResolver, load
     from pyspark_rmqs.options import ConnectionOptions
 
     return load(path, ConnectionOptions.alias("address_resolver_class"), AddressResolver)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyspark_rmqs.broker.client import parse_version
-from pyspark_rmqs.chunks import COMPRESSION_CODES, sub_entry
-from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.core.chunks import COMPRESSION_CODES, sub_entry
+from pyspark_rmqs.core.errors import DataError
 
 log = logging.getLogger(__name__)
 

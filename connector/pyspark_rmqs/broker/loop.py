@@ -13,7 +13,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from pyspark_rmqs.errors import BrokerTimeoutError
+from pyspark_rmqs.core.errors import BrokerTimeoutError
 
 R = TypeVar("R")
 

@@ -23,7 +23,7 @@ from pyspark_rmqs.broker.connect import connect
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.topology import Node, Role, Topology, node_of, query_topology
-from pyspark_rmqs.errors import BrokerTimeoutError, BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerTimeoutError, BrokerUnavailableError
 
 log = logging.getLogger(__name__)
 

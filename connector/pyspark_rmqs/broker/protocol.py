@@ -23,7 +23,7 @@ from rstream.connection import Connection, ConnectionClosed
 from rstream.constants import Key, T
 from rstream.encoding import _decode_struct, decode_frame
 
-from pyspark_rmqs.chunks import CorruptChunkData
+from pyspark_rmqs.core.chunks import CorruptChunkData
 
 STREAM_STATS_KEY = 0x001C
 DELIVER_KEY = Key.Deliver.value

@@ -28,7 +28,7 @@ from rstream import schema
 from pyspark_rmqs.broker import frames, recovery
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.recovery import as_transient, retry_async
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
     DataError,

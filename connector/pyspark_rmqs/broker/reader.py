@@ -44,8 +44,6 @@ from rstream import exceptions as rx
 from rstream import schema
 from rstream.constants import OffsetType
 
-from pyspark_rmqs import chunks, codec
-from pyspark_rmqs.batches import BatchBuilder
 from pyspark_rmqs.broker.bridge import Bridge, Gap
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import get_loop, run_sync
@@ -60,7 +58,9 @@ from pyspark_rmqs.broker.recovery import (
     retry_sync,
 )
 from pyspark_rmqs.broker.topology import Node, node_of
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core import chunks, codec
+from pyspark_rmqs.core.batches import BatchBuilder
+from pyspark_rmqs.core.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
     DataError,

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from rstream import exceptions as rx
 
-from pyspark_rmqs.errors import BrokerUnavailableError
+from pyspark_rmqs.core.errors import BrokerUnavailableError
 
 R = TypeVar("R")
 

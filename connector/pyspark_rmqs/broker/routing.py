@@ -17,7 +17,7 @@ import mmh3
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import ROUTING_CALL_TIMEOUT_S
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 HASH_SEED = 104729
 
@@ -29,7 +29,7 @@ def hash_partition(routing_key: str, partitions: int) -> int:
 
 def load_partitioner(path: str) -> Callable[[str, list[str]], Any]:
     """A custom partitioner (`partitionerClass`): `partition(routing_key, partitions)`."""
-    from pyspark_rmqs.extensions import Partitioner, load
+    from pyspark_rmqs.core.extensions import Partitioner, load
 
     partitioner: Partitioner = load(path, "partitionerClass", Partitioner)
     return partitioner.partition

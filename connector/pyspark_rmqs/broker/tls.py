@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 
 @functools.lru_cache(maxsize=16)

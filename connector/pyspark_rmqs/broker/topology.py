@@ -23,7 +23,7 @@ from typing import Any, Literal
 from rstream import exceptions as rx
 from rstream import schema
 
-from pyspark_rmqs.errors import BrokerUnavailableError, StreamNotFoundError
+from pyspark_rmqs.core.errors import BrokerUnavailableError, StreamNotFoundError
 
 Role = Literal["read", "write"]
 NO_LEADER = 0xFFFF  # the Metadata answer's leader reference while a leader is being elected

@@ -40,7 +40,7 @@ from pyspark_rmqs.broker.routing import HASH_SEED as HASH_SEED
 from pyspark_rmqs.broker.routing import Group, Router
 from pyspark_rmqs.broker.routing import hash_partition as hash_partition
 from pyspark_rmqs.broker.topology import Node, node_of
-from pyspark_rmqs.errors import BrokerUnavailableError, PublishError
+from pyspark_rmqs.core.errors import BrokerUnavailableError, PublishError
 
 log = logging.getLogger(__name__)
 

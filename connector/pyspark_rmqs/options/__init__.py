@@ -24,6 +24,7 @@ This package must not import pyspark: Airflow, Dagster and the CLI use it withou
 
 from __future__ import annotations
 
+from pyspark_rmqs.core.schema import METADATA_FIELDS, PROPERTY_NAMES
 from pyspark_rmqs.options.connection import (
     CONNECTION_OPTIONS,
     DEFAULT_PORT,
@@ -55,7 +56,6 @@ from pyspark_rmqs.options.source import (
     SourceOptions,
     StartingOffsetsKind,
 )
-from pyspark_rmqs.schema import METADATA_FIELDS, PROPERTY_NAMES
 
 PROPERTIES_FIELDS: tuple[str, ...] = PROPERTY_NAMES
 """Fields of the AMQP 1.0 `properties` struct (SPEC "AMQP properties struct")."""

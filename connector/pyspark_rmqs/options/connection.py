@@ -12,8 +12,8 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import SecretStr, model_validator
 
+from pyspark_rmqs.core.redact import redact_option, redact_uri
 from pyspark_rmqs.options.fields import OptionModel, Reader, build, err, option, show, split_list
-from pyspark_rmqs.redact import redact_option, redact_uri
 
 DEFAULT_PORT = 5552
 DEFAULT_TLS_PORT = 5551

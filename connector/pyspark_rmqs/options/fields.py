@@ -20,7 +20,7 @@ from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 LONG_MAX = 2**63 - 1
 """Offsets and timestamps are int64 in the broker and in Spark."""

@@ -12,8 +12,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.redact import redacted_errors, secrets_in
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.redact import redacted_errors, secrets_in
 
 REMOVED_OPTIONS: Mapping[str, str] = {
     "filterValueColumn": "use 'filterValuePath' on the sink instead "

@@ -6,10 +6,10 @@ from typing import Any, Literal, Self, get_args
 
 from pydantic import field_validator, model_validator
 
+from pyspark_rmqs.core.schema import PROPERTY_NAMES
 from pyspark_rmqs.options.connection import ConnectionOptions, connection_from
 from pyspark_rmqs.options.fields import DAY_MS, Reader, build, err, option, show
 from pyspark_rmqs.options.source import TargetOptions, check_target
-from pyspark_rmqs.schema import PROPERTY_NAMES
 
 CompressionKind = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 RoutingStrategyKind = Literal["hash", "key", "custom"]

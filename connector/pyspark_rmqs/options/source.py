@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import model_validator
 
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.offsets import offsets_from_json
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.offsets import offsets_from_json
+from pyspark_rmqs.core.schema import METADATA_FIELDS
+from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options.connection import ConnectionOptions, connection_from
 from pyspark_rmqs.options.fields import (
     DAY_MS,
@@ -22,8 +24,6 @@ from pyspark_rmqs.options.fields import (
     show,
     split_list,
 )
-from pyspark_rmqs.schema import METADATA_FIELDS
-from pyspark_rmqs.target import Target
 
 StartingOffsetsKind = Literal["earliest", "latest", "offset", "timestamp", "json"]
 EndingOffsetsKind = Literal["latest", "offset", "json"]

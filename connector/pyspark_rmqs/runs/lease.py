@@ -27,7 +27,7 @@ from rstream.constants import OffsetType
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
-from pyspark_rmqs.errors import ConfigurationError, ConsumerBusyError
+from pyspark_rmqs.core.errors import ConfigurationError, ConsumerBusyError
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
 
 log = logging.getLogger(__name__)

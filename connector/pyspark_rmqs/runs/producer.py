@@ -59,10 +59,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import ConsumerBusyError, ProducerBusyError
+from pyspark_rmqs.core.errors import ConsumerBusyError, ProducerBusyError
+from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.runs import lease as leases
 from pyspark_rmqs.runs import record
-from pyspark_rmqs.target import Target
 
 log = logging.getLogger(__name__)
 

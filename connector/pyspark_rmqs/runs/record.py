@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.codec import encode_body
+from pyspark_rmqs.core.codec import encode_body
 
 log = logging.getLogger(__name__)
 

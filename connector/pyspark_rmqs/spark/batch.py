@@ -8,10 +8,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
-from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.options import SourceOptions
-from pyspark_rmqs.planning import (
+from pyspark_rmqs.broker.positions import (
     bounds,
     check_version,
     clamp_to_retention,
@@ -19,6 +17,8 @@ from pyspark_rmqs.planning import (
     partition_streams,
     starting_offsets,
 )
+from pyspark_rmqs.core import offsets as off
+from pyspark_rmqs.options import SourceOptions
 from pyspark_rmqs.spark.common import RangePartition, read_partition, to_partitions
 from pyspark_rmqs.spark.pushdown import Pushed, apply, push
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql.datasource import InputPartition
 
-from pyspark_rmqs.offsets import OffsetRange
+from pyspark_rmqs.core.offsets import OffsetRange
 from pyspark_rmqs.options import SourceOptions
 
 if TYPE_CHECKING:
@@ -70,9 +70,9 @@ def read_settings(opts: SourceOptions) -> ReadSettings:
 
 
 def _post_filter(path: str) -> Callable[[Any], bool]:
-    from pyspark_rmqs import codec
-    from pyspark_rmqs.extensions import MessageView, PostFilter, load
-    from pyspark_rmqs.schema import PROPERTY_NAMES
+    from pyspark_rmqs.core import codec
+    from pyspark_rmqs.core.extensions import MessageView, PostFilter, load
+    from pyspark_rmqs.core.schema import PROPERTY_NAMES
 
     impl = load(path, SourceOptions.alias("filter_post_filter_class"), PostFilter)
 
@@ -121,8 +121,8 @@ def register_for_metrics(spark: Any) -> None:
 def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[pa.RecordBatch]:
     """Executor side: Arrow batches of exactly [start, end) of one stream."""
     # Here, not at module level: start-up cost of Spark's per-query Python process (it only plans).
-    from pyspark_rmqs.batches import value_bytes
     from pyspark_rmqs.broker.reader import RangeReader
+    from pyspark_rmqs.core.batches import value_bytes
 
     reader = RangeReader(
         opts.connection, partition.stream, partition.start, partition.end, read_settings(opts)

@@ -47,11 +47,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_rmqs.batches import MessageEncoder
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import ConfigurationError, DataError
+from pyspark_rmqs.core.batches import MessageEncoder
+from pyspark_rmqs.core.errors import ConfigurationError, DataError
+from pyspark_rmqs.core.schema import PROPERTY_NAMES, SINK_COLUMNS
 from pyspark_rmqs.options import SinkOptions
-from pyspark_rmqs.schema import PROPERTY_NAMES, SINK_COLUMNS
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.schema import source_ddl
 from pyspark_rmqs.options import parse_sink_options, parse_source_options
-from pyspark_rmqs.schema import source_ddl
 from pyspark_rmqs.spark.compat import pushdown_enabled
 
 

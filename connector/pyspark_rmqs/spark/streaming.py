@@ -24,11 +24,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.errors import RmqsError, lost_message
-from pyspark_rmqs.options import SourceOptions
-from pyspark_rmqs.planning import (
+from pyspark_rmqs.broker.positions import (
     Bounds,
     bounds,
     check_version,
@@ -37,6 +34,9 @@ from pyspark_rmqs.planning import (
     starting_offsets,
     stored_starts,
 )
+from pyspark_rmqs.core import offsets as off
+from pyspark_rmqs.core.errors import RmqsError, lost_message
+from pyspark_rmqs.options import SourceOptions
 from pyspark_rmqs.spark.common import RangePartition, read_partition, to_partitions
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,9 @@ from tests.e2e.faults.kill_points import arm, die
 
 
 def main(cfg: dict[str, Any]) -> None:
-    from pyspark_rmqs import consume, jobs
     from pyspark_rmqs.options import parse_connection_options
+    from pyspark_rmqs.runs import consume
+    from pyspark_rmqs.runs import steps as jobs
 
     conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
     kill = cfg["kill"]
@@ -37,10 +38,10 @@ def sink(cfg: dict[str, Any]) -> Any:
     `out` whose warehouse is on the object store (S3 properties from the AWS environment)."""
     import os
 
-    from pyspark_rmqs import consume
+    from pyspark_rmqs.runs import consume
 
     if cfg.get("iceberg"):
-        from pyspark_rmqs.iceberg import IcebergSink
+        from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 
         s3 = {
             "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],

@@ -28,7 +28,8 @@ def die() -> None:
 
 def arm(kill: str, *, engine: str = "spark") -> None:
     """Make the watermark protocol die at `kill` (`sink` as the Spark or the Arrow file output writes)."""
-    from pyspark_rmqs import consume, jobs
+    from pyspark_rmqs.runs import consume
+    from pyspark_rmqs.runs import steps as jobs
 
     if kill == "sink" and engine == "spark":
         real_write = jobs.FileOutput.write_to
@@ -55,12 +56,12 @@ def arm(kill: str, *, engine: str = "spark") -> None:
 
         consume.ParquetSink.write = write_then_die  # type: ignore[method-assign]
     elif kill == "manifest" and engine == "arrow":
-        from pyspark_rmqs import delivery
+        from pyspark_rmqs.runs.outputs import delivery
 
         delivery.StoreCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
         delivery.FileCommits.commit = lambda *a, **k: die()  # type: ignore[method-assign]
     elif kill == "table":
-        from pyspark_rmqs.iceberg import IcebergSink
+        from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 
         real_commit = IcebergSink.commit_run
 

@@ -16,7 +16,7 @@ import psutil
 import pyarrow as pa
 
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
+from pyspark_rmqs.core.codec import encode
 from tests.support.broker import REPO, RESTARTABLE_ENV, BrokerSettings, broker_sh
 from tests.support.data import conn_of
 

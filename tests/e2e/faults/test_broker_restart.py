@@ -23,8 +23,8 @@ from pyspark.sql import SparkSession
 from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings, read_range
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
-from pyspark_rmqs.errors import BrokerUnavailableError, PublishError
+from pyspark_rmqs.core.codec import encode
+from pyspark_rmqs.core.errors import BrokerUnavailableError, PublishError
 from tests.e2e.faults.support import (
     RestartWhen,
     SteadyProducer,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import jobs
-from pyspark_rmqs.delivery import COMMITS, STAGING
-from pyspark_rmqs.watermarks import watermarks
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs.delivery import COMMITS, STAGING
+from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import client, conn_of, publish

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs.delivery import COMMITS, STAGING
-from pyspark_rmqs.watermarks import watermarks
+from pyspark_rmqs.runs.outputs.delivery import COMMITS, STAGING
+from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.e2e.faults.airflow_job import DAG_ID, XCOM
 from tests.e2e.faults.support import output_offsets

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_rmqs import consume, jobs
-from pyspark_rmqs.delivery import COMMITS
-from pyspark_rmqs.watermarks import watermarks
+from pyspark_rmqs.runs import consume
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs.delivery import COMMITS
+from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.e2e.faults.support import killed_consume_job, output_offsets
 from tests.support.broker import BrokerSettings

@@ -12,7 +12,7 @@ import pytest
 from dagster import materialize
 
 from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
-from pyspark_rmqs.watermarks import watermarks
+from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import conn_of, publish

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs import committed, consume, jobs
-from pyspark_rmqs.errors import CommitState, ConsumerBusyError
-from pyspark_rmqs.watermarks import watermarks
+from pyspark_rmqs.core.errors import CommitState, ConsumerBusyError
+from pyspark_rmqs.runs import consume
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.outputs import committed
+from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory
 from tests.e2e.faults.airflow_job import XCOM
 from tests.e2e.faults.support import killed_consume_job

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_rmqs.broker.reader import read_range
-from pyspark_rmqs.committed import committed_dataset
+from pyspark_rmqs.runs.outputs.committed import committed_dataset
 from tests.e2e.faults.support import SteadyProducer, assert_exact, wait_for
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import client, conn_of, publish, spark_options
@@ -130,8 +130,8 @@ def test_streaming_query_killed_and_restarted_under_a_producer(
     rows = [(r.stream, r.offset, bytes(r.value)) for r in spark.read.parquet(str(out)).collect()]
     # The file sink is exactly-once over the checkpoint: every offset once, none missing.
     assert_exact(rows, expected)
-    # pyarrow, through the sink's log (`pyspark_rmqs.committed`): the same rows, every offset once;
-    # part files of the killed batches (partial, 0 bytes, or replayed) are not in the log.
+    # pyarrow, through the sink's log (`pyspark_rmqs.runs.outputs.committed`): the same rows, every
+    # offset once; part files of the killed batches (partial, 0 bytes, or replayed) are not in the log.
     arrow = committed_dataset(str(out)).to_table(columns=["stream", "offset", "value"])
     cols = [arrow.column(c).to_pylist() for c in ("stream", "offset", "value")]
     assert_exact(list(zip(*cols, strict=True)), expected)

@@ -17,7 +17,7 @@ import pytest
 from pyspark_rmqs.broker.client import PROBE_TIMEOUT_S
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
+from pyspark_rmqs.core.codec import encode
 from tests.conftest import StreamFactory
 from tests.e2e.faults.support import broker_pids
 from tests.support.broker import BrokerSettings

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 
-from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.codec import encode
-from pyspark_rmqs.errors import BrokerUnavailableError, DataLossError
-from pyspark_rmqs.watermarks import store_watermarks, watermarks
+from pyspark_rmqs.core.codec import encode
+from pyspark_rmqs.core.errors import BrokerUnavailableError, DataLossError
+from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 from tests.conftest import StreamFactory
 from tests.integration.test_spark_streaming import drain
 from tests.support.broker import BrokerSettings, management
@@ -223,7 +223,7 @@ def test_a_second_run_on_one_consumer_fails_before_it_reads(
 ) -> None:
     """The lease: while a run holds its consumer name, another fails with ConsumerBusyError before
     reading anything; once the first ended (or its process died), the next run plans after it."""
-    from pyspark_rmqs.errors import ConsumerBusyError
+    from pyspark_rmqs.core.errors import ConsumerBusyError
 
     s = streams.stream("conc")
     conn = conn_of(broker)

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pyspark_rmqs.cli_common import (
+from pyspark_rmqs.cli.common import (
     ConnectionFlags,
     JsonOpt,
     StreamOpt,
@@ -28,8 +28,8 @@ from pyspark_rmqs.cli_common import (
     print_json,
     target,
 )
-from pyspark_rmqs.errors import ConfigurationError
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.target import Target
 
 FROM_FORMS = "earliest, latest (the last N messages), an offset (e.g. 1200) or an ISO-8601 datetime"
 
@@ -95,9 +95,9 @@ def peek_command(
 
 def peek(conn: Any, t: Target, start: str, count: int, *, timeout_s: float = 30.0) -> Peeked:
     """Up to `count` messages per partition stream from `start` (never past the tail: no waiting)."""
-    from pyspark_rmqs import jobs
-    from pyspark_rmqs.cli_watermark import parse_datetime
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.cli.watermark import parse_datetime
+    from pyspark_rmqs.runs import steps as jobs
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     w = watermarks(conn, "", **t.kw())
     value = start.strip()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark_rmqs.errors import DataError
-from pyspark_rmqs.schema import PROPERTY_NAMES
+from pyspark_rmqs.core.errors import DataError
+from pyspark_rmqs.core.schema import PROPERTY_NAMES
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")

@@ -17,8 +17,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyspark_rmqs.codec import bodies
-from pyspark_rmqs.errors import DataError
+from pyspark_rmqs.core.codec import bodies
+from pyspark_rmqs.core.errors import DataError
 
 try:  # the vectorised check of a batch's bodies (bodies_array); the per-record path without it
     import numpy as _np

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from pyspark_rmqs.delivery import COMMITS
-from pyspark_rmqs.objectstore import Location, locate
+from pyspark_rmqs.runs.outputs.delivery import COMMITS
+from pyspark_rmqs.runs.outputs.objectstore import Location, locate
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads

@@ -54,7 +54,7 @@ def send_records(producer: Any, records: Sequence[dict[str, Any]], key: str) -> 
     application/json and `creation_time`; application properties `region` and `routing_key`
     (the record's `key` field, also the routing key on a super stream).
     """
-    from pyspark_rmqs.codec import encode
+    from pyspark_rmqs.core.codec import encode
 
     now = datetime.now(UTC)
     msgs = []

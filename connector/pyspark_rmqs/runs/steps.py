@@ -36,27 +36,33 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pyspark_rmqs import offsets as off
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.delivery import FileCommits, RunToken, check_delivery, covers, takes_token
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.broker.positions import (
+    Bounds,
+    Position,
+    merge_spans,
+    resolve_positions,
+    timestamp_start_loss,
+)
+from pyspark_rmqs.core import offsets as off
+from pyspark_rmqs.core.errors import (
     CommitState,
     ConfigurationError,
     lost_message,
     mark_commit_state,
     report_data_loss,
 )
+from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.planning import Bounds, Position, merge_spans, resolve_positions, timestamp_start_loss
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.incarnation import incarnations as incarnations_of
 from pyspark_rmqs.runs.incarnation import same as same_incarnation
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
+from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken, check_delivery, covers, takes_token
 from pyspark_rmqs.runs.record import RunRecord
-from pyspark_rmqs.target import Target
-from pyspark_rmqs.watermarks import (
+from pyspark_rmqs.runs.watermarks import (
     Watermarks,
     store_watermarks,
     store_watermarks_checked,
@@ -985,7 +991,7 @@ def _drain(
         commit_ms=round(sum(_duration_ms(p, "walCommit", "commitOffsets") for p in progress) + store_ms, 3),
     )
     if progress:
-        from pyspark_rmqs.spark.file_sink_log import written
+        from pyspark_rmqs.runs.outputs.file_sink_log import written
 
         out = written(output_path, int(progress[0]["batchId"]), int(progress[-1]["batchId"]), output_format)
         if out is not None:

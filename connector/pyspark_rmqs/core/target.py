@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
-from pyspark_rmqs.errors import ConfigurationError, StreamNotFoundError
+from pyspark_rmqs.core.errors import ConfigurationError, StreamNotFoundError
 
 DEFAULT_LABELS = ("'stream'", "'superstream'")
 

@@ -3,7 +3,7 @@
 Each command that talks to the broker is decorated with `connected`: it gains the same connection
 and TLS flags (and their `RMQS_*` environment variables), receives one `ConnectionFlags`, and every
 error it raises ends as one red line on stderr with exit code 1 (never a traceback, never a
-password: messages go through `pyspark_rmqs.redact`). Exit codes are constants here so the docs
+password: messages go through `pyspark_rmqs.core.redact`). Exit codes are constants here so the docs
 and the tests name the same numbers.
 """
 
@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal, NoReturn
 import typer
 from rich.console import Console
 
-from pyspark_rmqs.redact import redact_text, redacted_errors, secrets_in
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.core.redact import redact_text, redacted_errors, secrets_in
+from pyspark_rmqs.core.target import Target
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # a broker, stream, argument or confirmation error (usage errors are 2)
@@ -230,7 +230,7 @@ class guarded:
         # current typer vendors (typer._click): matched by module, as rmqs does not depend on click.
         if type(exc).__module__.split(".")[0] in ("click", "typer"):
             return False
-        from pyspark_rmqs.errors import RmqsError
+        from pyspark_rmqs.core.errors import RmqsError
 
         if isinstance(exc, RmqsError | OSError | ValueError):
             fail(exc, self.secrets)

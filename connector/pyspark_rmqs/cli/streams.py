@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pyspark_rmqs.cli_common import (
+from pyspark_rmqs.cli.common import (
     ConnectionFlags,
     JsonOpt,
     StreamOpt,
@@ -28,7 +28,7 @@ from pyspark_rmqs.cli_common import (
     print_json,
     target,
 )
-from pyspark_rmqs.cli_sample import file_records, sample_orders, send_records
+from pyspark_rmqs.cli.sample import file_records, sample_orders, send_records
 
 PUBLISH_BATCH = 5000  # records handed to the producer at a time (and between progress updates)
 

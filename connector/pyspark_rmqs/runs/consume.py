@@ -26,14 +26,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pyspark_rmqs.batches import BatchBuilder, value_bytes
+from pyspark_rmqs.broker.positions import merge_spans
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
-from pyspark_rmqs.delivery import FileCommits, RunToken, StoreCommits, covers, takes_token
-from pyspark_rmqs.errors import CommitState, ConfigurationError, mark_commit_state
-from pyspark_rmqs.jobs import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
-from pyspark_rmqs.objectstore import locate
+from pyspark_rmqs.core.batches import BatchBuilder, value_bytes
+from pyspark_rmqs.core.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
-from pyspark_rmqs.planning import merge_spans
+from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken, StoreCommits, covers, takes_token
+from pyspark_rmqs.runs.outputs.objectstore import locate
+from pyspark_rmqs.runs.steps import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 # Parts of fsspec / s3fs / adlfs / gcsfs option names that hold credentials (compared without case
 # or `_`); an access key id is masked too: it names the account.
@@ -91,7 +91,7 @@ def locate(
         try:
             fs, path = pafs.FileSystem.from_uri(uri)
         except (OSError, ValueError) as e:  # pyarrow's message may quote the URI: secrets masked
-            from pyspark_rmqs.redact import redact_text
+            from pyspark_rmqs.core.redact import redact_text
 
             query = uri.partition("?")[2]
             hidden = [v for part in query.split("&") if (v := part.partition("=")[2])]
@@ -153,7 +153,7 @@ def _fsspec(scheme: str, storage_options: Mapping[str, Any]) -> Any:
 def _shown(uri: str) -> str:
     """`uri` without user-info (an `s3://KEY:SECRET@bucket` form) and without its query (pyarrow
     takes `?access_key=...&secret_key=...` there): what messages, summaries and file names show."""
-    from pyspark_rmqs.redact import redact_uri
+    from pyspark_rmqs.core.redact import redact_uri
 
     uri = uri.split("?", 1)[0]
     return redact_uri(uri) if "://" in uri else uri

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from pyspark_rmqs.watermarks import Watermarks
+from pyspark_rmqs.runs.watermarks import Watermarks
 
 console = Console()
 
@@ -69,7 +69,7 @@ def _shown(path: Path) -> str:
 
 
 def run_demo(root: Path | None = None) -> int:
-    from pyspark_rmqs.cli_common import checkout_root, no_checkout
+    from pyspark_rmqs.cli.common import checkout_root, no_checkout
 
     root = root or checkout_root()
     if root is None or not (root / "dags").is_dir():
@@ -77,9 +77,9 @@ def run_demo(root: Path | None = None) -> int:
         return 1
     started = time.monotonic()
     from pyspark_rmqs.broker.client import BrokerClient
-    from pyspark_rmqs.cli_sample import sample_orders, send_records
+    from pyspark_rmqs.cli.sample import sample_orders, send_records
     from pyspark_rmqs.options import parse_connection_options
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     uri = os.environ.get("RMQS_URI", "rabbitmq-stream://guest:guest@localhost:5552/%2F")
     conn = parse_connection_options({"uris": uri})
@@ -169,7 +169,7 @@ def run_demo(root: Path | None = None) -> int:
 
 
 def _summary(conn: Any, before: Mapping[str, Watermarks], root: Path, log: Path) -> None:
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     console.rule("[bold cyan]summary")
     for consumer, out in (

@@ -17,8 +17,8 @@ from typing import Any
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
-from pyspark_rmqs.errors import WatermarkConflictError
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.core.errors import WatermarkConflictError
+from pyspark_rmqs.core.target import Target
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_rmqs import chunks, codec
-from pyspark_rmqs.errors import DataError
-from pyspark_rmqs.schema import (
+from pyspark_rmqs.core import chunks, codec
+from pyspark_rmqs.core.errors import DataError
+from pyspark_rmqs.core.schema import (
     PROPERTIES_FIELDS,
     PROPERTIES_TYPE,
     SINK_COLUMNS,

@@ -16,7 +16,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
 
 __all__ = [
     "EARLIEST",

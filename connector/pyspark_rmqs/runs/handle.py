@@ -24,7 +24,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks
+from pyspark_rmqs.runs.watermarks import Watermarks, astore_watermarks, awatermarks, store_watermarks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -147,7 +147,7 @@ class StreamsHandle(ABC):
         routing_strategy: str = "hash",
         run_identity: str | None = None,
     ) -> dict[str, int]:
-        """Publish `bytes` / `str` / dict messages (see `pyspark_rmqs.produce`) and wait for every confirm.
+        """Publish `bytes` / `str` / dict messages (`pyspark_rmqs.runs.produce`) and wait for every confirm.
 
         With `producer_name` the call is a produce run: a second run of the name on the same stream
         or super stream fails with `ProducerBusyError` before it sends, and a retry with the same
@@ -155,8 +155,8 @@ class StreamsHandle(ABC):
         get stored. Without `run_identity` every call is a new run; without `producer_name` nothing
         is deduplicated. Returns the messages published per partition stream.
         """
-        from pyspark_rmqs import produce
         from pyspark_rmqs.broker.writer import WriteSettings
+        from pyspark_rmqs.runs import produce
 
         settings = WriteSettings(producer_name=producer_name, routing_strategy=routing_strategy)
         return produce.publish(

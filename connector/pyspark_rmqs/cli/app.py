@@ -16,9 +16,12 @@ from typing import Annotated
 
 import typer
 
-from pyspark_rmqs import __version__, cli_peek, cli_streams, cli_watermark
-from pyspark_rmqs.cli_common import CHECKOUT_ONLY, checkout_root, fail, no_checkout
-from pyspark_rmqs.cli_sample import sample_orders, send_records
+from pyspark_rmqs import __version__
+from pyspark_rmqs.cli import peek as cli_peek
+from pyspark_rmqs.cli import streams as cli_streams
+from pyspark_rmqs.cli import watermark as cli_watermark
+from pyspark_rmqs.cli.common import CHECKOUT_ONLY, checkout_root, fail, no_checkout
+from pyspark_rmqs.cli.sample import sample_orders, send_records
 
 __all__ = ["app", "main", "sample_orders", "send_records"]
 
@@ -148,7 +151,7 @@ def demo(
     if uri:
         env["RMQS_URI"] = uri
     # The demo runs in its own process: demo uses the CLI's pieces, never the reverse.
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "pyspark_rmqs.demo"], cwd=root, env=env))
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "pyspark_rmqs.cli.demo"], cwd=root, env=env))
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pyspark_rmqs.delivery import RunToken
-from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.outputs.delivery import RunToken
 
 if TYPE_CHECKING:
     import pyarrow as pa

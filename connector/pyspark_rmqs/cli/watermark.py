@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pyspark_rmqs.cli_common import (
+from pyspark_rmqs.cli.common import (
     EXIT_LAG,
     ConnectionFlags,
     ConsumerOpt,
@@ -35,8 +35,8 @@ from pyspark_rmqs.cli_common import (
     show_watermark,
     target,
 )
-from pyspark_rmqs.errors import ConfigurationError, WatermarkConflictError
-from pyspark_rmqs.target import Target
+from pyspark_rmqs.core.errors import ConfigurationError, WatermarkConflictError
+from pyspark_rmqs.core.target import Target
 
 TO_FORMS = (
     "earliest, latest, an offset (e.g. 1200), an ISO-8601 datetime or offsets JSON like "
@@ -127,7 +127,7 @@ def _plan_dict(plan: tuple[int, int] | None) -> dict[str, int] | None:
 
 def parse_to(text: str, partitions: list[str]) -> tuple[Any, set[str]]:
     """`--to` as a reader position and the partition streams it moves (JSON names only its own)."""
-    from pyspark_rmqs import offsets as off
+    from pyspark_rmqs.core import offsets as off
 
     value = text.strip()
     if value in ("earliest", "latest"):
@@ -161,10 +161,10 @@ def parse_datetime(text: str) -> datetime | None:
 
 def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
     """Everything `watermark set` would change, computed from the broker now; stores nothing."""
-    from pyspark_rmqs import jobs
-    from pyspark_rmqs import offsets as off
+    from pyspark_rmqs.core import offsets as off
+    from pyspark_rmqs.runs import steps as jobs
     from pyspark_rmqs.runs.lease import check_name
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     check_name(consumer)
     w = watermarks(conn, consumer, **t.kw())
@@ -225,7 +225,7 @@ def apply_move(conn: Any, move: Move) -> None:
     since `move` was planned; settle an unfinished run record (it will not be retried); store."""
     from pyspark_rmqs.runs import record as run_record
     from pyspark_rmqs.runs.lease import acquire
-    from pyspark_rmqs.watermarks import store_watermarks, watermarks
+    from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 
     changed = move.changed
     if not changed:
@@ -262,7 +262,7 @@ def pending_ranges(conn: Any, consumer: str, target: str) -> dict[str, tuple[int
 def show(conn: Any, consumer: str, t: Target) -> dict[str, Any]:
     """`watermark show` as data: per partition the watermark, lag and any pending plan."""
     from pyspark_rmqs.runs.lease import check_name
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     check_name(consumer)
     w = watermarks(conn, consumer, **t.kw())
@@ -308,7 +308,7 @@ def lag_command(
     conn: ConnectionFlags,
 ) -> None:
     """Per partition: first offset, tail, watermark (stored offset) and lag of a consumer."""
-    from pyspark_rmqs.watermarks import watermarks
+    from pyspark_rmqs.runs.watermarks import watermarks
 
     w = watermarks(conn.connect(), consumer, **target(stream, superstream).kw())
     over = max_lag is not None and w.total_lag > max_lag

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import quote, unquote
 
-from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.core.errors import RmqsError
 
 MASK = "***"
 

@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark_rmqs import codec
-from pyspark_rmqs.batches import encode_row, message_body
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
-from pyspark_rmqs.errors import ConfigurationError, DataError
+from pyspark_rmqs.core import codec
+from pyspark_rmqs.core.batches import encode_row, message_body
+from pyspark_rmqs.core.errors import ConfigurationError, DataError
+from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.runs import producer as producer_runs
-from pyspark_rmqs.target import Target
 
 _KEYS = frozenset(("value", "routing_key", "properties", "application_properties", "message_annotations"))
 BATCH = 1000  # messages handed to the producer at a time (it keeps its own confirm window)

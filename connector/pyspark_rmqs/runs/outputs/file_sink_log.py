@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from pyspark_rmqs.delivery import local_path
+from pyspark_rmqs.runs.outputs.delivery import local_path
 
 LOG_DIR = "_spark_metadata"
 

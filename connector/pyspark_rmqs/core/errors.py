@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
-log = logging.getLogger("pyspark_rmqs.planning")
+log = logging.getLogger("pyspark_rmqs.broker.positions")
 
 
 class RmqsError(Exception):
@@ -143,7 +143,7 @@ def classify(exc: BaseException) -> Classified:
     """The one decision, for Airflow and Dagster alike: is `exc` worth retrying, and what does it say?
 
     rmqs errors carry `retryable`. Errors raised inside Spark (an executor, a Python data source
-    worker) reach the driver wrapped, with the original `pyspark_rmqs.errors.X: message` line in
+    worker) reach the driver wrapped, with the original `pyspark_rmqs.core.errors.X: message` line in
     their text: that line decides, and becomes the message. Anything else is retryable (a network
     blip, a Spark executor lost): the orchestrator's retry policy applies.
     """

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyspark_rmqs.broker.client import BrokerClient, parse_version
-from pyspark_rmqs.codec import to_millis
-from pyspark_rmqs.errors import (
+from pyspark_rmqs.core.codec import to_millis
+from pyspark_rmqs.core.errors import (
     ConfigurationError,
     UnsupportedBrokerError,
     lost_message,
     report_data_loss,
 )
-from pyspark_rmqs.offsets import EARLIEST, LATEST, offsets_from_json
+from pyspark_rmqs.core.offsets import EARLIEST, LATEST, offsets_from_json
 from pyspark_rmqs.options import SourceOptions
 
 log = logging.getLogger(__name__)
