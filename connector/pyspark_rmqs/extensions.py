@@ -1,0 +1,26 @@
+"""The extension points' Protocols: `addressResolverClass`, `filterPostFilterClass`, `partitionerClass`.
+
+A public import path, kept where users type it (docs/api.md); the code is in
+`pyspark_rmqs.core.extensions`. A facade only:
+nothing in rmqs imports it (the layers contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from pyspark_rmqs.core.extensions import (
+    AddressResolver,
+    MessageView,
+    Partitioner,
+    PostFilter,
+    load,
+    required_methods,
+)
+
+__all__ = [
+    "AddressResolver",
+    "MessageView",
+    "Partitioner",
+    "PostFilter",
+    "load",
+    "required_methods",
+]
