@@ -784,7 +784,7 @@ class ExecutorReadMetrics:
     previous value on exit; `fill` copies the sums into a summary once Spark sent the tasks' results
     back. Nothing is filled when no reader reported (Spark Connect, no accumulators; a sink that
     never read the DataFrame; a job started from another thread). The source is registered in the
-    session first (`spark.common.register_for_metrics`): Spark passes no accumulator to a data
+    session first (`spark.source.register_for_metrics`): Spark passes no accumulator to a data
     source it found by itself.
     """
 
@@ -795,7 +795,8 @@ class ExecutorReadMetrics:
         self._previous: str | None = None
 
     def __enter__(self) -> ExecutorReadMetrics:
-        from pyspark_rmqs.spark.common import METRICS_PROPERTY, ReadMetrics, register_for_metrics
+        from pyspark_rmqs.spark.common import METRICS_PROPERTY, ReadMetrics
+        from pyspark_rmqs.spark.source import register_for_metrics
 
         try:
             sc = self.spark.sparkContext
