@@ -15,8 +15,8 @@ from dagster import AssetExecutionContext
 
 from dagster_rmqs.resources import session_of
 from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary
 from pyspark_rmqs.options import ConnectionOptions
-from pyspark_rmqs.runs.steps import ReadPlan, RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -86,7 +86,7 @@ class SparkEngine:
     def writer(self) -> "Callable[[DataFrame], Any]":
         if self.output.sink is not None:
             return self.output.sink
-        from pyspark_rmqs.runs.steps import write_output
+        from pyspark_rmqs.jobs import write_output
 
         o = self.output
         parts = list(o.partition_by) or None
@@ -101,7 +101,7 @@ class SparkEngine:
         *,
         store_watermark: bool,
     ) -> RunSummary:
-        from pyspark_rmqs.runs.steps import run_read
+        from pyspark_rmqs.jobs import run_read
 
         # Nothing to read: no session (run_read touches Spark only for a non-empty plan).
         spark: Any = None if plan.is_empty else session_of(getattr(context.resources, self.spark_key))

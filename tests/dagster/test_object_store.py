@@ -13,8 +13,9 @@ import pytest
 from dagster import RetryPolicy, materialize
 
 from dagster_rmqs import ObjectStoreResource, RabbitMQStreamsResource, build_stream_asset
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.errors import BrokerUnavailableError
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs import steps
 from pyspark_rmqs.runs.outputs import committed
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
@@ -50,7 +51,7 @@ def test_an_arrow_asset_into_s3_retried_after_its_commit_writes_every_offset_onc
             raise BrokerUnavailableError("the watermark store failed (simulated)")
         return real_store(*a, **k)
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_failing_once)
+    monkeypatch.setattr(steps, "store_watermarks_checked", store_failing_once)
     asset = build_stream_asset(
         "lake_orders",
         stream=name,

@@ -2,8 +2,8 @@
 
 The executor-side read reports the time its `RangeReader` measured (fetching chunks, decoding them
 into Arrow) to the driver when the job that runs it asked for it: the driver sets the Spark local
-property `METRICS_PROPERTY` to the id of an accumulator of `ReadMetrics` (`jobs.run_read` and
-`jobs.run_drain` do), Spark hands local properties to every task, and each task adds its numbers to
+property `METRICS_PROPERTY` to the id of an accumulator of `ReadMetrics` (the run protocol's
+`ExecutorReadMetrics` does), Spark hands local properties to every task, and each task adds its numbers to
 that accumulator; Spark sends them back with the task's result. No property, nothing is reported.
 
 Spark drops the accumulator updates of a data source it found by itself (the `pyspark_*` module
