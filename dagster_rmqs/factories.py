@@ -40,7 +40,7 @@ from dagster_rmqs.partitions import range_layers
 from dagster_rmqs.resources import session_of, stream_uri
 from dagster_rmqs.targets import META_MODE, StreamTarget
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.runs.outputs.delivery import local_path

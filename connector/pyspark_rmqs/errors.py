@@ -1,13 +1,15 @@
 """The error taxonomy (DESIGN §9): what rmqs raises and `classify`.
 
 A public import path, kept where users type it (docs/api.md); the code is in
-`pyspark_rmqs.core.errors`. A facade only:
-nothing in rmqs imports it (the layers contract in pyproject.toml).
+`pyspark_rmqs.core.errors`. A facade:
+nothing in pyspark_rmqs imports it (the layers contract in pyproject.toml); the Airflow and
+Dagster packages use it, as users do.
 """
 
 from __future__ import annotations
 
 from pyspark_rmqs.core.errors import (
+    COMMIT_ADVICE,
     AuthenticationError,
     BrokerTimeoutError,
     BrokerUnavailableError,
@@ -30,6 +32,7 @@ from pyspark_rmqs.core.errors import (
 )
 
 __all__ = [
+    "COMMIT_ADVICE",
     "AuthenticationError",
     "BrokerTimeoutError",
     "BrokerUnavailableError",

@@ -3,8 +3,8 @@
 
 A public import path, kept where users type it (docs/options.md, docs/troubleshooting.md); the
 code is in `pyspark_rmqs.runs`: `steps` (the protocol's order), `plan` (a run's range), `spark_io`
-(Spark's side), `summary` (what a run did), `drain`. The Airflow operators and the Dagster assets
-use it too. A facade only: nothing in pyspark_rmqs imports it (the layers contract in pyproject.toml).
+(Spark's side), `summary` (what a run did), `drain`. A facade: nothing in pyspark_rmqs imports it
+(the layers contract in pyproject.toml); the Airflow and Dagster packages use it, as users do.
 """
 
 from __future__ import annotations
