@@ -158,7 +158,7 @@ def test_consume_parquet_superstream_one_file_per_range_and_a_retry_replaces_it(
     op = RabbitMQStreamConsumeOperator(
         task_id="c", superstream=name, consumer_name="pq", output_path=str(out), metadata_fields=""
     )
-    real_store = jobs.store_watermarks_checked
+    real_store = steps.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away before the store")

@@ -49,7 +49,7 @@ def test_a_replayed_range_is_recognised_from_the_table_and_not_appended_again(
         plan = jobs.plan_read(conn, stream=s, consumer="ice")
         return consume.run_consume(conn, plan, IcebergSink("lake.events", catalog)).to_dict()
 
-    real_store = jobs.store_watermarks_checked
+    real_store = steps.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away after the commit, before the store")

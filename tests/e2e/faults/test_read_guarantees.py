@@ -194,7 +194,7 @@ def test_a_failure_between_the_sink_and_the_store_rereads_the_same_range(
     publish(broker, s, [f"a{i}".encode() for i in range(300)])
     seen: list[list[int]] = []
     plan = jobs.plan_read(conn, stream=s, consumer="st")
-    real_advance, real_store = run_record.advance, jobs.store_watermarks_checked
+    real_advance, real_store = run_record.advance, steps.store_watermarks_checked
 
     def lost(*a: Any, **k: Any) -> None:
         publish(broker, s, [f"b{i}".encode() for i in range(30)])
