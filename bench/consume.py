@@ -17,9 +17,9 @@ from typing import Any
 
 from bench.common import connection, fill, report, temp_stream, timed
 from bench.reader import _bare
+from pyspark_rmqs import jobs
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.runs import consume
-from pyspark_rmqs.runs import steps as jobs
 
 
 def _consume(

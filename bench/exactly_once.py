@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import best_of, connection, fill, report, spark_session, temp_stream
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
 
 
 def main() -> None:

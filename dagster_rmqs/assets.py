@@ -44,7 +44,7 @@ from dagster_rmqs.targets import (
     stream_asset_spec,
     stream_target,
 )
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.runs.outputs.delivery import check_delivery
 
 __all__ = [
@@ -125,7 +125,7 @@ def build_stream_asset(
     files `<stream>-<start>-<end>-<run>.parquet` under `output_path`, or `sink` called per
     `pyarrow.RecordBatch`. The broker is the `RabbitMQStreamsResource` under `rabbitmq_key`.
     With `engine="arrow"`, `output_path` may be an object store (`s3://bucket/orders`): each
-    run's objects, then its commit record (the manifest readers trust: `pyspark_rmqs.runs.outputs.committed`);
+    run's objects, then its commit record (the manifest readers trust: `pyspark_rmqs.committed`);
     `output_storage_key` names an `ObjectStoreResource` holding its credentials.
 
     `delivery="exactly_once"` (default) commits the Spark engine's files under each run's range

@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from dagster_rmqs.targets import stream_target
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
 
 
 def build_lag_check(

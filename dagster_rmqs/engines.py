@@ -3,7 +3,7 @@
 Both engines run the same watermark protocol (DESIGN §4): the plan is fixed by `jobs.plan_read`,
 the rows reach the output, and only then (for a watermark run) the watermark is stored, checked
 against concurrent runs. `SparkEngine` uses `jobs.run_read` with a DataFrame sink; `ArrowEngine`
-uses the Spark-free core `pyspark_rmqs.runs.consume.run_consume` (one Parquet file per partition stream
+uses the Spark-free core `pyspark_rmqs.consume.run_consume` (one Parquet file per partition stream
 and range, or a function per `pyarrow.RecordBatch`) and never imports pyspark.
 """
 
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from dagster import AssetExecutionContext
 
 from dagster_rmqs.resources import session_of
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary
 from pyspark_rmqs.options import ConnectionOptions
-from pyspark_rmqs.runs.steps import ReadPlan, RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -86,7 +86,7 @@ class SparkEngine:
     def writer(self) -> "Callable[[DataFrame], Any]":
         if self.output.sink is not None:
             return self.output.sink
-        from pyspark_rmqs.runs.steps import write_output
+        from pyspark_rmqs.jobs import write_output
 
         o = self.output
         parts = list(o.partition_by) or None
@@ -101,7 +101,7 @@ class SparkEngine:
         *,
         store_watermark: bool,
     ) -> RunSummary:
-        from pyspark_rmqs.runs.steps import run_read
+        from pyspark_rmqs.jobs import run_read
 
         # Nothing to read: no session (run_read touches Spark only for a non-empty plan).
         spark: Any = None if plan.is_empty else session_of(getattr(context.resources, self.spark_key))
@@ -148,7 +148,7 @@ class ArrowEngine:
         *,
         store_watermark: bool,
     ) -> RunSummary:
-        from pyspark_rmqs.runs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
+        from pyspark_rmqs.consume import ParquetSink, run_consume  # pyarrow, loaded only in a run
 
         o = self.output
         options = self.storage_options(context)

@@ -40,10 +40,10 @@ from dagster_rmqs.partitions import range_layers
 from dagster_rmqs.resources import session_of, stream_uri
 from dagster_rmqs.targets import META_MODE, StreamTarget
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.runs.outputs.delivery import local_path
-from pyspark_rmqs.runs.steps import ReadPlan, RunSummary, plan_read
 
 
 class AssetAttributes(TypedDict, total=False):
@@ -194,7 +194,7 @@ def drain_asset(
     drain_timeout_s: float = 3600.0,
 ) -> AssetsDefinition:
     """An AvailableNow Structured Streaming drain into files; the checkpoint is the source of truth."""
-    from pyspark_rmqs.runs.steps import run_drain
+    from pyspark_rmqs.jobs import run_drain
 
     t, out, spark_key = read.target, read.engine.output, read.engine.spark_key
     if spark_key is None:

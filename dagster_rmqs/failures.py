@@ -1,6 +1,6 @@
 """Errors at the Dagster edge: non-retryable ones fail the step for good, transient ones retry.
 
-One decision, `pyspark_rmqs.core.errors.classify`, shared with the Airflow operators (DESIGN §9).
+One decision, `pyspark_rmqs.errors.classify`, shared with the Airflow operators (DESIGN §9).
 """
 
 import logging
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from dagster import Failure
 
-from pyspark_rmqs.core import errors
+from pyspark_rmqs import errors
 
 log = logging.getLogger(__name__)
 

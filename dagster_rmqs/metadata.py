@@ -13,7 +13,7 @@ from typing import Any
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from pyspark_rmqs.core.schema import METADATA_FIELDS, source_ddl
-from pyspark_rmqs.runs.steps import RunSummary
+from pyspark_rmqs.jobs import RunSummary
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from dagster import DynamicPartitionsDefinition
 
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
 
 OFFSET_DIGITS = 12
 _KEY = re.compile(r"(?P<stream>.+):(?P<start>\d+)-(?P<end>\d+)")

@@ -17,10 +17,10 @@ from urllib.parse import quote
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.redact import redact_option
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions, parse_connection_options
-from pyspark_rmqs.runs import steps as jobs
 from pyspark_rmqs.runs.handle import StreamsHandle
 
 if TYPE_CHECKING:

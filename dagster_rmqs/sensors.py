@@ -34,8 +34,8 @@ from dagster import (
 from dagster_rmqs.partitions import offset_range_key, range_run_key
 from dagster_rmqs.resources import RabbitMQStreamsResource
 from dagster_rmqs.targets import stream_target
-from pyspark_rmqs.core.errors import ConfigurationError
-from pyspark_rmqs.runs.watermarks import Watermarks
+from pyspark_rmqs.errors import ConfigurationError
+from pyspark_rmqs.watermarks import Watermarks
 
 DATA_VERSION_TAG = "dagster/data_version"  # what Dagster reads an observation's data version from
 DEFAULT_RANGE_INTERVAL_S = 3600.0

@@ -10,8 +10,8 @@ from typing import Any
 
 from dagster import AssetsDefinition, AssetSpec
 
-from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.core.target import Target, TargetKw
+from pyspark_rmqs.errors import ConfigurationError
 
 META_STREAM = "rmqs/stream"
 META_SUPERSTREAM = "rmqs/superstream"

@@ -30,7 +30,7 @@ from typing import Any
 from dagster_rmqs.engines import Engine
 from pyspark_rmqs.broker.client import BrokerClient, TimeBound
 from pyspark_rmqs.core.codec import to_millis
-from pyspark_rmqs.core.errors import RmqsError
+from pyspark_rmqs.errors import RmqsError
 from pyspark_rmqs.runs.outputs.delivery import (
     COMMITS,
     STAGING,

@@ -1,10 +1,10 @@
 """`make dist`'s content check of the built wheel and sdist (twine checks the metadata).
 
 The wheel holds the four packages (DESIGN §3's three and the pytest plugin `pytest_rmqs`), each
-with `py.typed`, and the license; its metadata names the license file, the version of
-`pyspark_rmqs.__version__`, and a long description without links into the repository (they break
-on the package index). The sdist holds the docs, the example DAGs, the license and the changelog.
-Exit 1 with one line per problem.
+with `py.typed`, the connector's layer folders, and the license; its metadata names the license
+file, the version of `pyspark_rmqs.__version__`, and a long description without links into the
+repository (they break on the package index). The sdist holds the docs, the example DAGs, the
+license and the changelog. Exit 1 with one line per problem.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from email.parser import Parser
 from pathlib import Path
 
 PACKAGES = ("pyspark_rmqs", "airflow_rmqs", "dagster_rmqs", "pytest_rmqs")
+# The connector's layer folders (docs/architecture.md): a wheel without one fails on import.
+LAYERS = ("core", "options", "broker", "spark", "runs", "runs/outputs", "cli")
 SDIST_FILES = (
     "LICENSE",
     "CHANGELOG.md",
@@ -35,6 +37,9 @@ def problems(dist: Path) -> list[str]:
     for pkg in PACKAGES:
         if f"{pkg}/py.typed" not in names:
             found.append(f"{wheel.name}: no {pkg}/py.typed")
+    for layer in LAYERS:
+        if f"pyspark_rmqs/{layer}/__init__.py" not in names:
+            found.append(f"{wheel.name}: no pyspark_rmqs/{layer}/")
     [meta_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
     meta = Parser().parsestr(zipfile.ZipFile(wheel).read(meta_name).decode())
     if meta.get("License-Expression") != "Apache-2.0" or meta.get("License-File") != "LICENSE":

@@ -2,7 +2,7 @@
 
 Configuration, authentication, missing-stream and data-loss errors will fail the same way on every
 retry, so they become `AirflowFailException` (no retries); transient broker errors propagate as they
-are and Airflow retries them. The decision is `pyspark_rmqs.core.errors.classify`, shared with Dagster
+are and Airflow retries them. The decision is `pyspark_rmqs.errors.classify`, shared with Dagster
 (it also reads errors that crossed Spark's boundary).
 """
 
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from pyspark_rmqs.core.errors import COMMIT_ADVICE, classify
 from pyspark_rmqs.core.redact import redact_text
+from pyspark_rmqs.errors import COMMIT_ADVICE, classify
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from airflow.sdk import BaseHook
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.core.errors import ConfigurationError, RmqsError
 from pyspark_rmqs.core.redact import secrets_in
+from pyspark_rmqs.errors import ConfigurationError, RmqsError
 from pyspark_rmqs.options import (
     CONNECTION_OPTIONS,
     DEFAULT_PORT,

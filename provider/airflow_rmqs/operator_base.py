@@ -20,9 +20,9 @@ from airflow.sdk import BaseOperator
 from airflow_rmqs import values
 from airflow_rmqs.failures import airflow_failures
 from airflow_rmqs.hooks import RabbitMQStreamHook
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options import ConnectionOptions
-from pyspark_rmqs.runs import steps as jobs
 
 
 class _StreamOperator(BaseOperator):

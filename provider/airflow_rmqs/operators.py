@@ -48,9 +48,9 @@ from airflow_rmqs.spark_sessions import (
     require_pyspark,
     spark_connect_url,
 )
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.redact import redact_text
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.runs.outputs.delivery import check_delivery, takes_token
 
 if TYPE_CHECKING:

@@ -75,7 +75,7 @@ class RabbitMQStreamConsumeOperator(_BoundedReadOperator):
         whole); a retry of the same run replaces it, another consumer or a re-created stream never
         does. Then a commit record per run (`_rmqs_commits/<token>.json`, the manifest of its
         files): a retry of a committed range reads nothing, and readers that must see committed
-        runs only read through it (`pyspark_rmqs.runs.outputs.committed.committed_dataset`).
+        runs only read through it (`pyspark_rmqs.committed.committed_dataset`).
     :param output_conn_id: the Airflow connection holding the output's credentials (templated), as
         `aws_conn_id` elsewhere: an `aws`-style connection (Login/Password = access key id/secret,
         extra `endpoint_url`, `region_name`) and/or extra `storage_options` (fsspec). Without it,

@@ -18,7 +18,7 @@ from airflow_rmqs.failures import airflow_failures
 from airflow_rmqs.hooks import RabbitMQStreamHook
 from airflow_rmqs.triggers import RabbitMQStreamLagTrigger, RabbitMQStreamNewDataTrigger, watermark_payload
 from pyspark_rmqs.core.target import Target
-from pyspark_rmqs.runs.watermarks import Watermarks
+from pyspark_rmqs.watermarks import Watermarks
 
 
 def _default_deferrable() -> bool:

@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.runs.outputs.objectstore import iceberg_s3_properties, s3_storage_options, storage_secrets
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_rmqs.hooks import RabbitMQStreamHook
-from pyspark_rmqs.core.errors import RmqsError, classify
 from pyspark_rmqs.core.target import Target
-from pyspark_rmqs.runs.watermarks import Watermarks
+from pyspark_rmqs.errors import RmqsError, classify
+from pyspark_rmqs.watermarks import Watermarks
 
 
 def watermark_payload(w: Watermarks) -> dict[str, Any]:

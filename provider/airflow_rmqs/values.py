@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark_rmqs.core.errors import ConfigurationError
-from pyspark_rmqs.runs.steps import Position
+from pyspark_rmqs.broker.positions import Position
+from pyspark_rmqs.errors import ConfigurationError
 
 _WORDS = ("watermark", "earliest", "latest")
 

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamReadOperator
 from pyspark_rmqs.core.errors import ConsumerBusyError
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs import steps
 from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 from tests.support import broker as tb
 from tests.support.broker import BrokerSettings
@@ -46,7 +46,7 @@ def crash_after_the_first_partition_store(monkeypatch: pytest.MonkeyPatch) -> No
         store_watermarks(conn, consumer, {first: wanted[first]})
         raise Crash(f"process killed after storing {first}")
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_one_then_die)
+    monkeypatch.setattr(steps, "store_watermarks_checked", store_one_then_die)
 
 
 # --------------------------------------------------------------------------------- 1: latest
@@ -269,7 +269,7 @@ def test_a_second_run_on_the_same_consumer_fails_before_it_reads(
         consumer_name="twice",
         apply_function=lambda b: second_rows.extend(b["offset"].to_pylist()),
     )
-    monkeypatch.setattr(jobs, "DEFAULT_LEASE_WAIT_S", 1.0)  # fail after 1 s instead of 10
+    monkeypatch.setattr(steps, "DEFAULT_LEASE_WAIT_S", 1.0)  # fail after 1 s instead of 10
     with pytest.raises(ConsumerBusyError) as busy:
         second.execute({})
     assert "consumer 'twice'" in str(busy.value) and "waited 1 s" in str(busy.value)
@@ -304,7 +304,7 @@ def test_two_tries_of_an_iceberg_run_at_once_append_once(
         real_write(self, batch)
 
     monkeypatch.setattr(IcebergSink, "write", held_write)
-    monkeypatch.setattr(jobs, "DEFAULT_LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(steps, "DEFAULT_LEASE_WAIT_S", 1.0)
 
     def op() -> RabbitMQStreamConsumeOperator:
         return RabbitMQStreamConsumeOperator(

@@ -23,11 +23,11 @@ from airflow_rmqs.operators import (
     RabbitMQStreamProduceOperator,
     RabbitMQStreamReadOperator,
 )
+from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.reader import ReadSettings, read_range
 from pyspark_rmqs.broker.writer import hash_partition
 from pyspark_rmqs.core.schema import source_arrow_schema
-from pyspark_rmqs.runs import consume
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs import consume, steps
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, conn_of, publish, publish_keyed
 
@@ -158,19 +158,19 @@ def test_consume_parquet_superstream_one_file_per_range_and_a_retry_replaces_it(
     op = RabbitMQStreamConsumeOperator(
         task_id="c", superstream=name, consumer_name="pq", output_path=str(out), metadata_fields=""
     )
-    real_store = jobs.store_watermarks_checked
+    real_store = steps.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away before the store")
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
+    monkeypatch.setattr(steps, "store_watermarks_checked", store_fails)
     with pytest.raises(ConnectionError):
         op.execute({})
     first_files = sorted(p.name for p in out.iterdir() if not p.name.startswith("_"))
     token = json.loads(next((out / "_rmqs_commits").iterdir()).read_text())["token"]
     assert first_files == sorted(f"{p}-0-{expected[p]}-{token[:12]}.parquet" for p in parts)
     assert len(list((out / "_rmqs_commits").iterdir())) == 1  # committed before the store failed
-    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
+    monkeypatch.setattr(steps, "store_watermarks_checked", real_store)
     publish_keyed(broker, name, [("late", b"late")])  # not in the pending plan
     summary = op.execute({})
     assert summary["resumed_plan"] is True and summary["rows"] == 300

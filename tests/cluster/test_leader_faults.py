@@ -151,7 +151,7 @@ def test_leader_killed_mid_available_now_drain(
     """An AvailableNow drain into Parquet (jobs.run_drain) over several micro-batches; the leader of
     the stream (and of the metadata connection's node) dies after the first batch is in the files.
     The drain finishes: every offset once in the output, and the watermark at the tail."""
-    from pyspark_rmqs.runs.steps import run_drain
+    from pyspark_rmqs.jobs import run_drain
 
     s = cluster_streams.stream("kd", leader=LEADER)
     n = 30_000

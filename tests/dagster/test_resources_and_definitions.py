@@ -15,8 +15,8 @@ from dagster import DagsterInstance, Definitions, EnvVar, materialize
 from pyspark.sql import SparkSession
 
 from dagster_rmqs import RabbitMQStreamsResource, SparkSessionResource, build_stream_asset
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.errors import ConfigurationError
-from pyspark_rmqs.runs import steps as jobs
 from tests.conftest import StreamFactory
 from tests.dagster.conftest import resource_of
 from tests.support.broker import BrokerSettings

@@ -39,7 +39,7 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 CLIENT = textwrap.dedent(
     """
     import json, sys
-    from pyspark_rmqs.runs.steps import plan_read, run_read, spark_session, write_output
+    from pyspark_rmqs.jobs import plan_read, run_read, spark_session, write_output
     from pyspark_rmqs.options import parse_connection_options
 
     url, stream, out, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])

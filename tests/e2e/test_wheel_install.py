@@ -195,7 +195,7 @@ def test_the_wheel_installs_and_every_module_imports(venvs: Venvs, extra: str, t
 
 SPARK_READ = """
 import json, sys
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
 
 spark = jobs.spark_session()  # rmqs's helper: the Python workers run this interpreter
 rows = (

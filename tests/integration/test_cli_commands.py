@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from pyspark_rmqs.cli import app as cli
 from pyspark_rmqs.cli import common as cli_common
 from pyspark_rmqs.cli.watermark import pending_ranges
-from pyspark_rmqs.runs.steps import plan_read
+from pyspark_rmqs.jobs import plan_read
 from tests.support.broker import REPO, BrokerSettings
 from tests.support.data import client, conn_of, publish, publish_keyed
 

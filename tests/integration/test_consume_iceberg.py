@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs.runs import consume
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
+from pyspark_rmqs.runs import consume, steps
 from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
@@ -49,17 +49,17 @@ def test_a_replayed_range_is_recognised_from_the_table_and_not_appended_again(
         plan = jobs.plan_read(conn, stream=s, consumer="ice")
         return consume.run_consume(conn, plan, IcebergSink("lake.events", catalog)).to_dict()
 
-    real_store = jobs.store_watermarks_checked
+    real_store = steps.store_watermarks_checked
 
     def store_fails(*a: Any, **k: Any) -> None:
         raise ConnectionError("broker went away after the commit, before the store")
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_fails)
+    monkeypatch.setattr(steps, "store_watermarks_checked", store_fails)
     with pytest.raises(ConnectionError) as failed:
         run()
     assert getattr(failed.value, "commit_state", None) == "committed"
     assert _offsets(catalog, "lake.events") == [(s, o) for o in range(400)]
-    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
+    monkeypatch.setattr(steps, "store_watermarks_checked", real_store)
     publish(broker, s, [b"late"])  # not part of the pending plan
     summary = run()
     assert summary["resumed_plan"] is True and summary["sink_skipped"] is True

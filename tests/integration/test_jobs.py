@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_rmqs.core.errors import ConfigurationError
-from pyspark_rmqs.runs.steps import plan_read, run_drain, run_read, write_output
+from pyspark_rmqs.jobs import plan_read, run_drain, run_read, write_output
 from pyspark_rmqs.runs.watermarks import watermarks
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish

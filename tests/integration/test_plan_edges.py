@@ -18,9 +18,9 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.errors import DataLossError
 from pyspark_rmqs.options import parse_source_options
-from pyspark_rmqs.runs import steps as jobs
 from pyspark_rmqs.runs.consume import run_consume
 from pyspark_rmqs.runs.watermarks import watermarks
 from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader

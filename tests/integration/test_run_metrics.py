@@ -18,8 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.core.batches import BatchBuilder
-from pyspark_rmqs.runs.consume import ParquetSink, run_consume
-from pyspark_rmqs.runs.steps import (
+from pyspark_rmqs.jobs import (
     ExecutorReadMetrics,
     RunSummary,
     plan_read,
@@ -27,6 +26,7 @@ from pyspark_rmqs.runs.steps import (
     run_read,
     write_output,
 )
+from pyspark_rmqs.runs.consume import ParquetSink, run_consume
 from tests.support.broker import BrokerSettings
 from tests.support.data import conn_of, publish
 

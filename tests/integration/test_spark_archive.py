@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 _SESSION = """
 import subprocess
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
 spark = jobs.spark_session(master="local[1]")
 pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
 info = subprocess.run(["jcmd", str(pid), "VM.info"], capture_output=True, text=True).stdout

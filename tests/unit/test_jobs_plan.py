@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.errors import ConfigurationError, DataLossError
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs import drain, steps
+from pyspark_rmqs.runs import plan as range_plan
 from pyspark_rmqs.runs.outputs.delivery import RunToken
 from tests.unit.test_offsets import _CONN, _Tracking, tracking  # noqa: F401 - the fixture
 
@@ -38,9 +40,9 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(record, "latest", lambda conn, c, target: state["records"].get(c))
     monkeypatch.setattr(record, "write", write)
-    monkeypatch.setattr(jobs, "acquire_lease", lease)
+    monkeypatch.setattr(steps, "acquire_lease", lease)
     monkeypatch.setattr(
-        jobs, "incarnations_of", lambda conn, ss, mark=True: dict.fromkeys(ss, state["incarnation"])
+        range_plan, "incarnations_of", lambda conn, ss, mark=True: dict.fromkeys(ss, state["incarnation"])
     )
     return state
 
@@ -113,7 +115,7 @@ def test_a_first_run_at_latest_records_where_it_started(
 
     first = jobs.plan_read(_CONN, superstream="o", consumer="new", starting_offsets="latest")
     assert first.is_empty and first.start == {"o-0": 100, "o-1": 200}
-    assert jobs._watermarks_to_store(first) == {"o-0": 99, "o-1": 199}  # stored although empty
+    assert steps._watermarks_to_store(first) == {"o-0": 99, "o-1": 199}  # stored although empty
     runs["records"]["new"] = runs["records"]["new"].moved_to(run_record.STORED)
     # Nothing stored yet (say the store never happened on an empty stream): the record's start holds.
     later = jobs.plan_read(_CONN, superstream="o", consumer="new", starting_offsets="latest")
@@ -165,9 +167,9 @@ def test_file_outputs_tokens_and_summaries() -> None:
 def test_a_sink_gets_the_token_only_when_it_asks() -> None:
     got: list[Any] = []
     token = RunToken("etl", {"o-0": (0, 1)})
-    jobs._call_sink(lambda df: got.append(("plain", df)), "df", token)
-    jobs._call_sink(lambda df, token: got.append(("token", token.value)), "df", token)
-    jobs._call_sink(lambda df, **kw: got.append(("kw", kw["token"].value)), "df", token)
+    steps._call_sink(lambda df: got.append(("plain", df)), "df", token)
+    steps._call_sink(lambda df, token: got.append(("token", token.value)), "df", token)
+    steps._call_sink(lambda df, **kw: got.append(("kw", kw["token"].value)), "df", token)
     assert got == [("plain", "df"), ("token", token.value), ("kw", token.value)]
 
 
@@ -179,7 +181,7 @@ def test_a_drain_never_moves_a_watermark_another_run_moved_further(
     from pyspark_rmqs.core.target import Target
 
     tracking.stored.update({("etl", "o-0"): 80, ("etl", "o-1"): 10})
-    kept = jobs._never_backwards(_CONN, "etl", {"o-0": 59, "o-1": 99}, Target.of(superstream="o"))
+    kept = drain._never_backwards(_CONN, "etl", {"o-0": 59, "o-1": 99}, Target.of(superstream="o"))
     assert kept == {"o-1": 99}  # o-0 stays at 80: the drain's 59 is behind it
     assert "already past this drain" in caplog.text and "'o-0': (80, 59)" in caplog.text
-    assert jobs._never_backwards(_CONN, "etl", {}, Target.of(superstream="o")) == {}
+    assert drain._never_backwards(_CONN, "etl", {}, Target.of(superstream="o")) == {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
 
 
 def test_this_interpreter_when_the_user_set_nothing() -> None:

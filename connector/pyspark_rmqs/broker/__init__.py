@@ -1,1 +1,1 @@
-"""Everything that talks to RabbitMQ; no Spark imports below this package."""
+"""Everything that talks to RabbitMQ, and where a read starts and ends (`positions`); no Spark imports."""

@@ -280,8 +280,8 @@ def checkout_root() -> Path | None:
     Looks beside the installed package (an editable install from a checkout), then in the current
     directory and its parents.
     """
-    here = Path(__file__).resolve()
-    candidates = [here.parents[2], *[p for p in (Path.cwd(), *Path.cwd().parents)]]
+    here = Path(__file__).resolve()  # <checkout>/connector/pyspark_rmqs/cli/common.py
+    candidates = [here.parents[3], *[p for p in (Path.cwd(), *Path.cwd().parents)]]
     for root in candidates:
         if (root / "scripts" / "broker.sh").is_file():
             return root

@@ -96,7 +96,7 @@ def peek_command(
 def peek(conn: Any, t: Target, start: str, count: int, *, timeout_s: float = 30.0) -> Peeked:
     """Up to `count` messages per partition stream from `start` (never past the tail: no waiting)."""
     from pyspark_rmqs.cli.watermark import parse_datetime
-    from pyspark_rmqs.runs import steps as jobs
+    from pyspark_rmqs.runs import steps
     from pyspark_rmqs.runs.watermarks import watermarks
 
     w = watermarks(conn, "", **t.kw())
@@ -119,7 +119,7 @@ def peek(conn: Any, t: Target, start: str, count: int, *, timeout_s: float = 30.
         when = parse_datetime(value)
         if when is None:
             raise ConfigurationError(f"--from must be {FROM_FORMS}; got {start!r}")
-        plan = jobs.plan_read(conn, **t.kw(), start=when, persist=False, fail_on_data_loss=False)
+        plan = steps.plan_read(conn, **t.kw(), start=when, persist=False, fail_on_data_loss=False)
         starts = dict(plan.start)
     out = Peeked(w.target, w.superstream, start, count, notes=notes)
     for p in w.partitions:

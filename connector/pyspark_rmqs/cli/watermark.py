@@ -2,7 +2,7 @@
 
 A move is computed completely before anything is stored (`plan_move`), so `--dry-run` shows
 exactly what `set` would do. Where the next run starts comes from the readers' own resolver
-(`jobs.plan_read` with `persist=False`, which records nothing); the new watermark is that start
+(`runs.steps.plan_read` with `persist=False`, which records nothing); the new watermark is that start
 minus one (broker-stored offsets are last processed, DESIGN §6). Applying (`apply_move`) fails when
 the watermark changed since it was shown, then clears the recorded plan at the new position (so an
 old pending plan can never come back to life), then stores the new watermark.
@@ -162,7 +162,7 @@ def parse_datetime(text: str) -> datetime | None:
 def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
     """Everything `watermark set` would change, computed from the broker now; stores nothing."""
     from pyspark_rmqs.core import offsets as off
-    from pyspark_rmqs.runs import steps as jobs
+    from pyspark_rmqs.runs import steps
     from pyspark_rmqs.runs.lease import check_name
     from pyspark_rmqs.runs.watermarks import watermarks
 
@@ -186,7 +186,7 @@ def plan_move(conn: Any, consumer: str, to: str, t: Target) -> Move:
             else:
                 clamped[s] = v
         position = clamped
-    plan = jobs.plan_read(
+    plan = steps.plan_read(
         conn,
         **t.kw(),
         consumer=consumer,

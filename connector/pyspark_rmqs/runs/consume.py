@@ -33,7 +33,9 @@ from pyspark_rmqs.core.errors import CommitState, ConfigurationError, mark_commi
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
 from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken, StoreCommits, covers, takes_token
 from pyspark_rmqs.runs.outputs.objectstore import locate
-from pyspark_rmqs.runs.steps import ReadPlan, RunSummary, finish_run, new_summary, skip_delivered
+from pyspark_rmqs.runs.plan import ReadPlan
+from pyspark_rmqs.runs.steps import finish_run, new_summary, skip_delivered
+from pyspark_rmqs.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     import pyarrow as pa

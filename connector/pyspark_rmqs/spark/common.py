@@ -2,20 +2,20 @@
 
 The executor-side read reports the time its `RangeReader` measured (fetching chunks, decoding them
 into Arrow) to the driver when the job that runs it asked for it: the driver sets the Spark local
-property `METRICS_PROPERTY` to the id of an accumulator of `ReadMetrics` (`jobs.run_read` and
-`jobs.run_drain` do), Spark hands local properties to every task, and each task adds its numbers to
+property `METRICS_PROPERTY` to the id of an accumulator of `ReadMetrics` (the run protocol's
+`ExecutorReadMetrics` does), Spark hands local properties to every task, and each task adds its numbers to
 that accumulator; Spark sends them back with the task's result. No property, nothing is reported.
 
 Spark drops the accumulator updates of a data source it found by itself (the `pyspark_*` module
-scan): its function carries no accumulator. `register_for_metrics` registers the source in the
-session once, through `spark.dataSource.register`, whose function carries the SparkContext's; Spark
-logs once that it "replaced a statically registered data source" (the same class).
+scan): its function carries no accumulator. `source.register_for_metrics` registers the source in
+the session once, through `spark.dataSource.register`, whose function carries the SparkContext's;
+Spark logs once that it "replaced a statically registered data source" (the same class). It lives
+in `source.py`, not here: the readers import this module, and `source.py` imports the readers.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -103,19 +103,6 @@ class ReadMetrics(AccumulatorParam[dict[str, float]]):
         for k, v in value2.items():
             value1[k] = value1.get(k, 0) + v
         return value1
-
-
-_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def register_for_metrics(spark: Any) -> None:
-    """Register `rabbitmq_streams` in `spark` (once per session): its tasks' accumulators reach the driver."""
-    if spark in _REGISTERED:
-        return
-    from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
-
-    spark.dataSource.register(RabbitMQStreamsDataSource)
-    _REGISTERED.add(spark)
 
 
 def read_partition(opts: SourceOptions, partition: RangePartition) -> Iterator[pa.RecordBatch]:

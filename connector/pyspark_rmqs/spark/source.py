@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -63,3 +66,19 @@ def _append_only(overwrite: bool) -> None:
             "rabbitmq_streams writes append only: a stream cannot be overwritten or truncated; "
             "use mode('append') (or outputMode('append') for streaming)"
         )
+
+
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_for_metrics(spark: Any) -> None:
+    """Register `rabbitmq_streams` in `spark` (once per session): its tasks' accumulators reach the driver.
+
+    Spark drops the accumulator updates of a data source it found by itself (the `pyspark_*`
+    module scan); one registered through `spark.dataSource.register` carries the SparkContext's
+    (`common.py` says how the tasks report).
+    """
+    if spark in _REGISTERED:
+        return
+    spark.dataSource.register(RabbitMQStreamsDataSource)
+    _REGISTERED.add(spark)

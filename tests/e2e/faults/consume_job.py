@@ -20,9 +20,9 @@ from tests.e2e.faults.kill_points import arm, die
 
 
 def main(cfg: dict[str, Any]) -> None:
+    from pyspark_rmqs import jobs
     from pyspark_rmqs.options import parse_connection_options
     from pyspark_rmqs.runs import consume
-    from pyspark_rmqs.runs import steps as jobs
 
     conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
     kill = cfg["kill"]

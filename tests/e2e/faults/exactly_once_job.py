@@ -19,8 +19,8 @@ from tests.e2e.faults.spark_job import session
 
 
 def main(cfg: dict[str, Any]) -> None:
+    from pyspark_rmqs import jobs
     from pyspark_rmqs.options import parse_connection_options
-    from pyspark_rmqs.runs import steps as jobs
 
     conn = parse_connection_options({k: cfg[k] for k in ("endpoints", "username", "password", "vhost")})
     kill = cfg["kill"]

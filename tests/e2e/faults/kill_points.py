@@ -28,8 +28,8 @@ def die() -> None:
 
 def arm(kill: str, *, engine: str = "spark") -> None:
     """Make the watermark protocol die at `kill` (`sink` as the Spark or the Arrow file output writes)."""
-    from pyspark_rmqs.runs import consume
-    from pyspark_rmqs.runs import steps as jobs
+    from pyspark_rmqs import jobs
+    from pyspark_rmqs.runs import consume, steps
 
     if kill == "sink" and engine == "spark":
         real_write = jobs.FileOutput.write_to
@@ -83,4 +83,4 @@ def arm(kill: str, *, engine: str = "spark") -> None:
 
         record.advance = advance_unless_delivered  # type: ignore[assignment]
     elif kill == "commit":
-        jobs.store_watermarks_checked = lambda *a, **k: die()  # type: ignore[assignment]
+        steps.store_watermarks_checked = lambda *a, **k: die()  # type: ignore[assignment]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs import jobs
 from pyspark_rmqs.runs.outputs.delivery import COMMITS, STAGING
 from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory

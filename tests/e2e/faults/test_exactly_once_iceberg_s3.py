@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pyspark_rmqs import jobs
 from pyspark_rmqs.runs import consume
-from pyspark_rmqs.runs import steps as jobs
 from pyspark_rmqs.runs.outputs.iceberg import TOKEN_PROPERTY, IcebergSink
 from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory

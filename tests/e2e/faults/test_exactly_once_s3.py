@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from pyspark_rmqs import jobs
 from pyspark_rmqs.core.errors import CommitState, ConsumerBusyError
 from pyspark_rmqs.runs import consume
-from pyspark_rmqs.runs import steps as jobs
 from pyspark_rmqs.runs.outputs import committed
 from pyspark_rmqs.runs.watermarks import watermarks
 from tests.conftest import StreamFactory

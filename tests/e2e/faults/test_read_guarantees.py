@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 
+from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.core.errors import BrokerUnavailableError, DataLossError
-from pyspark_rmqs.runs import steps as jobs
+from pyspark_rmqs.runs import steps
 from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 from tests.conftest import StreamFactory
 from tests.integration.test_spark_streaming import drain
@@ -193,7 +194,7 @@ def test_a_failure_between_the_sink_and_the_store_rereads_the_same_range(
     publish(broker, s, [f"a{i}".encode() for i in range(300)])
     seen: list[list[int]] = []
     plan = jobs.plan_read(conn, stream=s, consumer="st")
-    real_advance, real_store = run_record.advance, jobs.store_watermarks_checked
+    real_advance, real_store = run_record.advance, steps.store_watermarks_checked
 
     def lost(*a: Any, **k: Any) -> None:
         publish(broker, s, [f"b{i}".encode() for i in range(30)])
@@ -203,14 +204,14 @@ def test_a_failure_between_the_sink_and_the_store_rereads_the_same_range(
     with pytest.raises(BrokerUnavailableError):
         jobs.run_read(spark, conn, plan, _collecting_sink(seen))
     monkeypatch.setattr(run_record, "advance", real_advance)
-    monkeypatch.setattr(jobs, "store_watermarks_checked", lost)  # delivered, then the store fails
+    monkeypatch.setattr(steps, "store_watermarks_checked", lost)  # delivered, then the store fails
     retry = jobs.plan_read(conn, stream=s, consumer="st")
     assert retry.resumed and retry.ranges == {s: (0, 300)}
     with pytest.raises(BrokerUnavailableError) as e:
         jobs.run_read(spark, conn, retry, _collecting_sink(seen))
     assert getattr(e.value, "commit_state", None) == "committed"
     assert seen == [list(range(300))] * 2  # at-least-once: the same offsets, once more
-    monkeypatch.setattr(jobs, "store_watermarks_checked", real_store)
+    monkeypatch.setattr(steps, "store_watermarks_checked", real_store)
     last = jobs.plan_read(conn, stream=s, consumer="st")
     assert last.resumed and last.delivered and last.ranges == {s: (0, 300)}
     summary = jobs.run_read(spark, conn, last, _collecting_sink(seen))
