@@ -626,7 +626,9 @@ await_node() {
     local pid; pid="$(cat "$(pidfile)")"
     local limit=120; if clustered; then limit=180; fi
     local deadline=$((SECONDS + limit)) what="the broker"; if clustered; then what="node $(node_name)"; fi
-    until running && port_open "$(stream_port)" && port_open "$(tls_port)"; do
+    # The ports first: a bash check that costs nothing, and the listeners open only late in the boot;
+    # then `running` (rabbitmqctl: an Erlang VM of its own, about 0.7 s of CPU a call) once or twice.
+    until port_open "$(stream_port)" && port_open "$(tls_port)" && running; do
         if ! kill -0 "$pid" 2>/dev/null; then
             tail -30 "$(logfile)" >&2 || true; die "$what exited during boot, see $(logfile)"
         fi
