@@ -246,7 +246,8 @@ def plan_read(
         what=f"consumer '{consumer}' on {target.describe()}",
     )
     try:
-        previous = run_record.latest(conn, consumer, target.name)  # under the lease: nobody else writes it
+        # Under the lease nobody else writes it; the pointer is marked on the lease (`Lease.keep`).
+        previous = run_record.latest(conn, consumer, target.name, lease=lease)
         plan = _plan(
             conn,
             target,
@@ -273,7 +274,7 @@ def plan_read(
                 token=plan.token.value,
                 pipeline=pipeline,
             )
-            plan = replace(plan, record=run_record.write(conn, record))
+            plan = replace(plan, record=run_record.write(conn, record, lease=lease))
         return replace(plan, lease=lease)
     except BaseException:
         lease.release()
@@ -635,16 +636,24 @@ def finish_run(
     its place), then moves its record to `stored`. A failure after `delivered` is marked
     `COMMITTED`: a retry only stores. Then the lag after the run, the time taken, and one
     structured log line with the whole summary.
+
+    Before each of those three writes the run keeps its lease (`Lease.keep`: a local flag while
+    held; when its connection closed under the run, the lease is taken back and the record must be
+    as this run left it, else `LeaseLostError` before that write; see there for the window between
+    the check and the write).
     """
     record = plan.record
     if store_watermark and record is not None and plan.consumer:
         t_store = time.monotonic()
+        lease = plan.lease
         if record.state == run_record.PLANNED:
-            record = run_record.advance(conn, record, run_record.DELIVERED)
+            record = run_record.advance(conn, record, run_record.DELIVERED, lease=lease)
         wanted = _watermarks_to_store(plan)
         try:
+            if lease is not None:
+                lease.keep("its watermarks")
             kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen, resumed=plan.resumed)
-            run_record.advance(conn, record, run_record.STORED)
+            run_record.advance(conn, record, run_record.STORED, lease=lease)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.COMMITTED) from None
         if kept:  # an explicit range behind the watermark: never moved backwards
@@ -881,6 +890,11 @@ def run_drain(
     to its source only when it plans the next, so the last batch's watermark is stored here once
     the query finished. What the sink wrote is read from the file sink's own log of the run's
     batches (`spark.file_sink_log`): Spark reports no output rows for file sinks.
+
+    The drain holds the consumer's lease and keeps it (`Lease.keep`) before that final store: a
+    lease lost under the drain is taken back, or the drain fails with `LeaseLostError` before
+    storing. The source's own stores during the query are Spark's (best-effort metadata behind the
+    checkpoint) and are not checked; they never move the watermark backwards.
     """
     if not consumer:
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
@@ -892,10 +906,14 @@ def run_drain(
         run_record.run_key(consumer, target.name),
         wait_s=DEFAULT_LEASE_WAIT_S,
         what=f"consumer '{consumer}' on {target.describe()}",
-    ):
+    ) as lease:
+        # A drain writes no record, but a watermark run or `rmqs watermark set` of the name would:
+        # a lease lost under the drain and taken back proves nobody wrote one meanwhile.
+        lease.mark(BrokerClient(conn).stored_offset(lease.name, run_record.RUNS_STREAM))
         return _drain(
             spark,
             conn,
+            lease,
             target,
             consumer,
             checkpoint,
@@ -912,6 +930,7 @@ def run_drain(
 def _drain(
     spark: SparkSession,
     conn: ConnectionOptions,
+    lease: Lease,
     target: Target,
     consumer: str,
     checkpoint: str,
@@ -960,6 +979,7 @@ def _drain(
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
+    lease.keep("its final watermarks")  # the one store the drain makes itself (the source's: below)
     last = _never_backwards(conn, consumer, last, target)
     t_store = time.monotonic()
     if last:

@@ -11,6 +11,13 @@ active (ConsumerUpdate). The subscription has no credit, so it never receives a 
 Why not a stored value with an expiry: stored offsets have no compare-and-set, so two runs could
 both "win"; the broker's group has one active member by construction, and expiry on a dead holder
 comes from the connection itself instead of a clock.
+
+A lease can end under a running run: its connection's node dies, the broker restarts, an operator
+closes the connection. The broker then hands the name to the next run that asks. So every write a
+run makes under its lease (a record, the watermark store, a producer's batch) is preceded by
+`Lease.keep()`: a local flag while the lease is held; when it was lost, the lease is taken again
+(on a live member of the records stream) and the name's record pointer must still be where this
+holder last left it (`mark`), else `LeaseLostError` before anything more is written.
 """
 
 from __future__ import annotations
@@ -24,33 +31,142 @@ from typing import Any
 from rstream import schema
 from rstream.constants import OffsetType
 
+from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
-from pyspark_rmqs.errors import ConfigurationError, ConsumerBusyError
+from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError, ConsumerBusyError, LeaseLostError
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 256  # the broker's limit on a consumer (reference) name
 DEFAULT_WAIT_S = 10.0
+REGAIN_PAUSE_S = 0.5  # between tries to reach a live member while taking a lost lease back
+_UNKNOWN = object()  # `Lease.pointer` before the holder read or wrote its name's record pointer
 
 
 class Lease:
-    """The lease on `name` while held; `release()` (or closing the process) gives it back."""
+    """The lease on `name` while held; `release()` (or closing the process) gives it back.
 
-    def __init__(self, conn: Any, name: str, client: RmqsClient, sub: int) -> None:
+    `keep()` before every write under the lease; `mark(pointer)` after every read or write of the
+    name's record pointer (the stored offset of `name` on `stream`), so a lease taken back can prove
+    that nobody wrote a record of the name meanwhile.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        name: str,
+        client: RmqsClient,
+        sub: int,
+        *,
+        stream: str = RUNS_STREAM,
+        wait_s: float = DEFAULT_WAIT_S,
+        what: str = "",
+    ) -> None:
         self.conn = conn
         self.name = name
         self._client = client
         self._sub = sub
+        self.stream = stream
+        self.wait_s = wait_s
+        self.what = what or repr(name)
         self.acquired_at = time.time()
+        self.pointer: object = _UNKNOWN
+        self.regained = 0  # how often the lease was lost and taken back (for logs and tests)
+        # What a retry does after `LeaseLostError`, for its message (a produce run says its own).
+        self.retry_advice = (
+            "a retry resumes the name's newest record whole (a delivered one only stores) or plans after it"
+        )
 
     @property
     def held(self) -> bool:
-        """Whether the lease's connection is still open (a broker restart ends the lease)."""
+        """Whether the lease's connection is still open, as this process knows it (a local flag)."""
         c = self._client
         return c is not None and c.is_connection_alive()
+
+    def mark(self, pointer: int | None) -> None:
+        """The name's record pointer as this holder read it (under the lease) or last wrote it."""
+        self.pointer = pointer
+
+    def keep(self, before: str) -> None:
+        """Make sure this run still holds the name before it writes `before` (what it is about to write).
+
+        Held (the normal path): returns at once, no round trip. Lost: takes the lease again through a
+        live member of the records stream (waiting up to `wait_s` for a run that took it meanwhile),
+        then reads the name's record pointer: it must be where this holder last left it (`mark`).
+        Raises `LeaseLostError`, before anything is written, when the lease cannot be taken back in
+        time or the pointer moved (another run wrote a record of the name); the lease is then given
+        back. A holder that never marked a pointer only proves it holds the lease again.
+
+        What this guarantees: no write of this run follows a lease end that this process has seen,
+        unless the run took the name back and nobody wrote a record of it in between. What it does
+        not: `held` is the connection as this process knows it. A node that dies or a broker that
+        closes the connection is seen at once (the socket closes), but a connection cut silently (a
+        network partition) is seen only when a read or write on it fails, and a lease can also end
+        between this check and the write that follows it. Another run may take the name in that
+        window; the writes themselves still check what they can (a watermark store fails with
+        `WatermarkConflictError` when another run stored since this one planned, and exactly-once
+        outputs recognise a run's token), but two records may then interleave. Holding a lease is
+        the broker's word at one instant, never a lock on the future.
+        """
+        if self.held:
+            return
+        log.warning("the lease on %s ended under the run (its connection closed); taking it back", self.what)
+        self._drop()
+        self._regain(before)
+        if self.pointer is _UNKNOWN:
+            return
+        now = BrokerClient(self.conn).stored_offset(self.name, self.stream)
+        if now != self.pointer:
+            self.release()
+            raise LeaseLostError(
+                f"{self.what}: this run lost its lease (its connection to the broker closed: a node "
+                f"down or a broker restart) and another run of the name wrote its record meanwhile "
+                f"(record pointer {self.pointer} -> {now}). Stopped before writing {before}; this run "
+                f"stored nothing more. Retry the run: {self.retry_advice}"
+            )
+        log.warning("took the lease on %s back; its record is as this run left it: going on", self.what)
+
+    def _regain(self, before: str) -> None:
+        """Subscribe again (a fresh connection on a live member), retrying unreachable members until
+        `wait_s` passed; `LeaseLostError` when the name stays held by another run or no member answers."""
+        deadline = time.monotonic() + self.wait_s
+        unreachable: BaseException | None = None
+        while True:
+            left = max(deadline - time.monotonic(), 0.1)
+            try:
+                got = run_sync(_acquire(self.conn, self.stream, self.name, left), left + 60.0, "lease again")
+            except BrokerUnavailableError as e:  # a stale member list naming the dead node, an election
+                got, unreachable = None, e
+                if time.monotonic() + REGAIN_PAUSE_S < deadline:
+                    time.sleep(REGAIN_PAUSE_S)
+                    continue
+            if got is not None:
+                self._client, self._sub = got
+                self.regained += 1
+                return
+            why = (
+                f"no member of '{self.stream}' answered ({unreachable})"
+                if unreachable is not None
+                else "another run holds it now"
+            )
+            raise LeaseLostError(
+                f"{self.what}: this run lost its lease (its connection to the broker closed: a node down "
+                f"or a broker restart) and could not take it back within {self.wait_s:.0f} s: {why}. "
+                f"Stopped before writing {before}; this run stored nothing more. Retry once the broker is "
+                f"reachable: {self.retry_advice}"
+            )
+
+    def _drop(self) -> None:
+        """Forget the dead connection (closing it in the background: the broker already ended it)."""
+        client, self._client = self._client, None  # type: ignore[assignment]
+        if client is not None:
+            try:
+                run_sync(_close_dead(client), 10.0, "close a lost lease")
+            except Exception:
+                pass
 
     def release(self) -> None:
         """Give the lease back (idempotent; never raises: the broker ends it with the connection)."""
@@ -108,6 +224,14 @@ async def _close(client: RmqsClient, sub: int) -> None:
         await asyncio.wait_for(client.unsubscribe(sub), 5.0)
     except Exception:
         pass
+    try:
+        await asyncio.wait_for(client.close(), 5.0)
+    except Exception:
+        pass
+
+
+async def _close_dead(client: RmqsClient) -> None:
+    """Close a connection already gone (no unsubscribe: nobody would answer it)."""
     try:
         await asyncio.wait_for(client.close(), 5.0)
     except Exception:
@@ -176,4 +300,4 @@ def acquire(
             "and stored nothing. Run one pipeline per consumer name at a time (or give each its own "
             "name); a retry succeeds once the other run ends, or at once if its process died"
         )
-    return Lease(conn, name, *got)
+    return Lease(conn, name, *got, stream=stream, wait_s=wait_s, what=what)
