@@ -35,6 +35,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError, ConsumerBusyError, LeaseLostError
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
 
@@ -85,6 +86,12 @@ class Lease:
         """Whether the lease's connection is still open, as this process knows it (a local flag)."""
         c = self._client
         return c is not None and c.is_connection_alive()
+
+    @property
+    def node(self) -> Node | None:
+        """The broker node the lease's connection is on (None: released, or not advertised)."""
+        c = self._client
+        return None if c is None else node_of(c.server_properties)
 
     def mark(self, pointer: int | None) -> None:
         """The name's record pointer as this holder read it (under the lease) or last wrote it."""
