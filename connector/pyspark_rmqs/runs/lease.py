@@ -35,6 +35,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
+from pyspark_rmqs.broker.recovery import COME_BACK_ADVICE, as_transient
 from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.errors import BrokerUnavailableError, ConfigurationError, ConsumerBusyError, LeaseLostError
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
@@ -139,32 +140,26 @@ class Lease:
     def _regain(self, before: str) -> None:
         """Subscribe again (a fresh connection on a live member), retrying unreachable members until
         `wait_s` passed; `LeaseLostError` when the name stays held by another run or no member answers."""
-        deadline = time.monotonic() + self.wait_s
-        unreachable: BaseException | None = None
-        while True:
-            left = max(deadline - time.monotonic(), 0.1)
-            try:
-                got = run_sync(_acquire(self.conn, self.stream, self.name, left), left + 60.0, "lease again")
-            except BrokerUnavailableError as e:  # a stale member list naming the dead node, an election
-                got, unreachable = None, e
-                if time.monotonic() + REGAIN_PAUSE_S < deadline:
-                    time.sleep(REGAIN_PAUSE_S)
-                    continue
-            if got is not None:
-                self._client, self._sub = got
-                self.regained += 1
-                return
-            why = (
-                f"no member of '{self.stream}' answered ({unreachable})"
-                if unreachable is not None
-                else "another run holds it now"
-            )
-            raise LeaseLostError(
-                f"{self.what}: this run lost its lease (its connection to the broker closed: a node down "
-                f"or a broker restart) and could not take it back within {self.wait_s:.0f} s: {why}. "
-                f"Stopped before writing {before}; this run stored nothing more. Retry once the broker is "
-                f"reachable: {self.retry_advice}"
-            )
+        unreachable: BrokerUnavailableError | None = None
+        try:
+            got = _acquire_within(self.conn, self.stream, self.name, self.wait_s)
+        except BrokerUnavailableError as e:
+            got, unreachable = None, e
+        if got is not None:
+            self._client, self._sub = got
+            self.regained += 1
+            return
+        why = (
+            f"no member of '{self.stream}' could be subscribed to ({unreachable})"
+            if unreachable is not None
+            else "another run holds it now"
+        )
+        raise LeaseLostError(
+            f"{self.what}: this run lost its lease (its connection to the broker closed: a node down "
+            f"or a broker restart) and could not take it back within {self.wait_s:.0f} s: {why}. "
+            f"Stopped before writing {before}; this run stored nothing more. Retry once the broker is "
+            f"reachable: {self.retry_advice}"
+        )
 
     def _drop(self) -> None:
         """Forget the dead connection (closing it in the background: the broker already ended it)."""
@@ -280,6 +275,26 @@ async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[Rm
     return client, sub
 
 
+def _acquire_within(conn: Any, stream: str, name: str, wait_s: float) -> tuple[RmqsClient, int] | None:
+    """`_acquire` within `wait_s` in all: a records stream that cannot be subscribed to for now (a
+    member restarting, an election, a member list naming a node that just died) is tried again until
+    then. None when another subscription of the name stays active; `BrokerUnavailableError` (the
+    last one) when no member could be subscribed to."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = max(deadline - time.monotonic(), 0.1)
+        try:
+            return run_sync(_acquire(conn, stream, name, left), left + 60.0, f"lease on '{name}'")
+        except Exception as e:
+            err = as_transient(e, f"subscribe to '{stream}'")
+            if err is None:
+                raise
+            if time.monotonic() + REGAIN_PAUSE_S >= deadline:
+                raise err from e
+            log.debug("the lease on '%s' cannot be taken for now (%s); trying again", name, err)
+            time.sleep(REGAIN_PAUSE_S)
+
+
 def acquire(
     conn: Any,
     stream: str,
@@ -298,10 +313,23 @@ def acquire(
     check_name(name, "lease name")
     if stream == RUNS_STREAM:  # the lease comes before the first record: on a new broker, create it
         ensure_stream(conn)
-    got = run_sync(_acquire(conn, stream, name, wait_s), wait_s + 60.0, f"lease on '{name}'")
+    try:
+        got = _acquire_within(conn, stream, name, wait_s)
+    except BrokerUnavailableError as e:
+        raise BrokerUnavailableError(
+            f"{what or repr(name)}: could not take its lease within {wait_s:.0f} s ({e}). This run read and "
+            f"stored nothing. {COME_BACK_ADVICE}"
+        ) from e
     if got is None:
         text = holder() if callable(holder) else holder
-        who = f" ({text})" if text else ""
+        # No known holder: usually a drain or a run that wrote no record yet, but a cluster whose
+        # coordinator lost its majority hands out no lease at all, and looks the same from here.
+        who = (
+            f" ({text})"
+            if text
+            else " (no unfinished run record names it; if no other run of the name is running, the "
+            "broker could not hand out the lease: on a cluster, check that a majority of its nodes run)"
+        )
         raise ConsumerBusyError(
             f"{what or repr(name)} is held by another run{who}; waited {wait_s:.0f} s. This run read "
             "and stored nothing. Run one pipeline per consumer name at a time (or give each its own "
