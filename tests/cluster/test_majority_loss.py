@@ -53,10 +53,12 @@ def test_a_stream_that_lost_its_majority_fails_reads_writes_and_runs_in_bounded_
     """Two of the stream's three members killed: its leader and a replica, or both replicas. With the
     leader gone, a read cannot subscribe anywhere and a write finds no leader: both fail after the
     recovery window. With the leader left, it still serves what it had committed (the read returns
-    every message) but confirms nothing new: the write fails after its confirm timeout. Either way
-    the message names the stream and says to bring a majority of its members back; the watermark
-    run fails before reading (its lease cannot be taken: `rmqs.runs` and the cluster's coordinator
-    lost their majority too), naming its consumer; nothing is stored, nothing is lost."""
+    every message) but confirms nothing new: the write fails after its confirm timeout. (Which of
+    the two happens is the broker's: the leader can move between the test reading it and the kill,
+    so either outcome is accepted in both cases, within the bound.) Either way the message names
+    the stream and says to bring a majority of its members back; the watermark run fails before
+    reading (its lease cannot be taken: `rmqs.runs` and the cluster's coordinator lost their
+    majority too), naming its consumer; nothing is stored, nothing is lost."""
     s = cluster_streams.stream("km")
     conn = local_cluster.conn()  # every node a seed: the survivor answers the metadata
     n = 2_000
@@ -65,7 +67,8 @@ def test_a_stream_that_lost_its_majority_fails_reads_writes_and_runs_in_bounded_
         p.flush()
     topo = local_cluster.topology(s)
     members = [local_cluster.index(m) for m in topo.members]  # the leader first
-    for node in members[:2] if leader_killed else members[1:]:
+    killed = members[:2] if leader_killed else members[1:]
+    for node in killed:
         local_cluster.kill(node)
 
     def write() -> None:
@@ -86,17 +89,20 @@ def test_a_stream_that_lost_its_majority_fails_reads_writes_and_runs_in_bounded_
     run.run()  # meanwhile, in this thread
     for j in jobs_.values():
         j.join(BOUND_S + 60)
-    report = {k: (round(j.seconds, 1), repr(j.error)) for k, j in {**jobs_, "run": run}.items()}
+    report: dict[str, Any] = {
+        k: (round(j.seconds, 1), repr(j.error)) for k, j in {**jobs_, "run": run}.items()
+    }
+    report["killed"] = (killed, str(topo))
     print(report)
     read, wrote = jobs_["read"], jobs_["write"]
     assert isinstance(wrote.error, PublishError), report
     failed = [wrote]
-    if leader_killed:
+    # Without its leader the read has no member to subscribe to, as a rule; a member that still
+    # serves what was committed (the leader left, or a replica not yet stopped) returns all of it.
+    if read.error is not None:
         assert isinstance(read.error, BrokerUnavailableError), report
         failed.append(read)
-    else:
-        assert read.error is None, report  # the leader serves what it committed
-    for j in [*failed, read]:
+    for j in [wrote, read]:
         assert j.seconds < BOUND_S, report
     for j in failed:
         text = str(j.error)
