@@ -29,7 +29,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     state: dict[str, Any] = {"records": {}, "written": [], "incarnation": 1, "leases": 0}
 
-    def write(conn: Any, r: record.RunRecord) -> record.RunRecord:
+    def write(conn: Any, r: record.RunRecord, **kw: Any) -> record.RunRecord:
         state["records"][r.consumer] = r
         state["written"].append(r)
         return r
@@ -38,7 +38,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         state["leases"] += 1
         return _Lease()
 
-    monkeypatch.setattr(record, "latest", lambda conn, c, target: state["records"].get(c))
+    monkeypatch.setattr(record, "latest", lambda conn, c, target, **kw: state["records"].get(c))
     monkeypatch.setattr(record, "write", write)
     monkeypatch.setattr(steps, "acquire_lease", lease)
     monkeypatch.setattr(

@@ -82,8 +82,9 @@ async def _on_member(
     candidates = topo.candidates(role)
     if not candidates:
         raise BrokerUnavailableError(
-            f"stream '{stream}' has no leader at the moment (the cluster is electing one); "
-            "retrying as for a restarting broker"
+            f"stream '{stream}' has no leader at the moment (the cluster is electing one, or more than "
+            "half of the stream's members are down: a leader needs a majority of them); retrying as for "
+            "a restarting broker"
         )
     errors: list[str] = []
     for node in candidates:

@@ -288,7 +288,10 @@ class Publisher:
             except TimeoutError as e:
                 raise PublishError(
                     f"{self.in_flight} of {self.sent} messages to '{self.stream}' were not confirmed within "
-                    f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}"
+                    f"publisherConfirmTimeoutMs={int(timeout_s * 1000)}: the leader confirms a message "
+                    "once a majority of the stream's members stored it (a cluster that lost its "
+                    f"majority confirms nothing). {recovery.COME_BACK_ADVICE}; with producerName a "
+                    "retry re-sends only what the broker did not store"
                 ) from e
         self.raise_failures()
 

@@ -52,6 +52,7 @@ from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import (
     CLOSE_TIMEOUT_S,
+    COME_BACK_ADVICE,
     METADATA_CALL_TIMEOUT_S,
     RECOVERY_WINDOW_S,
     SUBSCRIBE_TIMEOUT_S,
@@ -332,7 +333,8 @@ class RangeReader:
         def exhausted(err: BrokerUnavailableError) -> BaseException:
             return BrokerUnavailableError(
                 f"could not resume reading '{self.stream}' at offset {self.next_offset}: the broker "
-                f"did not come back within {RECOVERY_WINDOW_S:.0f} s (or maxWaitMs) ({err})"
+                f"did not come back within {RECOVERY_WINDOW_S:.0f} s (or maxWaitMs) ({err}). "
+                f"{COME_BACK_ADVICE}"
             )
 
         def on_retry(err: BrokerUnavailableError, delay: float, attempts: int) -> None:

@@ -29,6 +29,11 @@ from pyspark_rmqs.core.errors import BrokerUnavailableError
 R = TypeVar("R")
 
 RECOVERY_WINDOW_S = 60.0
+# What to do when the window is spent, for the messages that end it (readers, writers).
+COME_BACK_ADVICE = (
+    "Retry once the broker runs again; on a cluster, once a majority of the stream's members run "
+    "(a stream that lost its majority has no leader: bring its nodes back)"
+)
 _NETWORK_ERRNOS = {
     errno.ECONNREFUSED,
     errno.ECONNRESET,
@@ -50,7 +55,9 @@ def as_transient(e: BaseException, what: str = "") -> BrokerUnavailableError | N
         return e
     if isinstance(e, (rx.StreamNotAvailable, rx.LeaderNotAvailable)):
         return BrokerUnavailableError(
-            f"{where}the stream is not available yet (the broker is starting or the stream's leader moved)"
+            f"{where}the stream is not available yet (the broker is starting, the stream's leader moved, "
+            "or more than half of the stream's members are down: a stream has a leader only while a "
+            "majority of its members run)"
         )
     if isinstance(e, ssl.SSLError):  # certificates do not heal by waiting
         return None

@@ -138,7 +138,7 @@ class StreamProducer:
         def exhausted(err: BrokerUnavailableError) -> BaseException:
             return PublishError(
                 f"could not start publishing to '{stream}': the broker did not come back within "
-                f"{recovery.RECOVERY_WINDOW_S:.0f} s ({err})"
+                f"{recovery.RECOVERY_WINDOW_S:.0f} s ({err}). {recovery.COME_BACK_ADVICE}"
             )
 
         # A task may start while the broker restarts: wait for it, as a recovery does.

@@ -233,7 +233,7 @@ def apply_move(conn: Any, move: Move) -> None:
     seen = {p.stream: p.current for p in move.partitions}
     key = run_record.run_key(move.consumer, move.target)
     what = f"consumer '{move.consumer}' on '{move.target}'"
-    with acquire(conn, run_record.RUNS_STREAM, key, wait_s=5.0, what=what):
+    with acquire(conn, run_record.RUNS_STREAM, key, wait_s=5.0, what=what) as lease:
         now = watermarks(conn, move.consumer, **Target(move.target, move.superstream).kw())
         current = now.stored_offsets()
         moved = {s: (seen[s], current.get(s)) for s in changed if current.get(s) != seen[s]}
@@ -243,9 +243,10 @@ def apply_move(conn: Any, move: Move) -> None:
                 f"the watermark of consumer '{move.consumer}' changed since it was read ({where}): a run "
                 "stored it. Nothing was changed; stop the pipelines of this consumer and try again"
             )
-        record = run_record.latest(conn, move.consumer, move.target)
+        record = run_record.latest(conn, move.consumer, move.target, lease=lease)
         if record is not None and not record.done:
-            run_record.write(conn, record.abandoned())
+            run_record.write(conn, record.abandoned(), lease=lease)
+        lease.keep("the watermarks")  # a lease lost meanwhile: taken back, or nothing is stored
         store_watermarks(conn, move.consumer, changed, allow_backwards=True)
 
 

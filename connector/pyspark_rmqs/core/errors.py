@@ -176,3 +176,14 @@ class ProducerBusyError(ConsumerBusyError):
     broker would drop one run's rows as duplicates: the second run is stopped before it sends.
     Retryable, as `ConsumerBusyError`.
     """
+
+
+class LeaseLostError(ConsumerBusyError):
+    """A run lost its name's lease mid-run (the broker node its lease's connection was on died, or
+    the broker restarted) and could not prove it is still the one run of the name: it could not
+    take the lease back in time, or another run wrote the name's record meanwhile. Raised before the
+    run wrote anything more (no record, no watermark, no message); its record stays as it was, so a
+    retry resumes it (or, when another run moved it, plans after that run). Retryable.
+    """
+
+    retryable = True

@@ -14,11 +14,13 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
+from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
 from pyspark_rmqs.runs.spark_io import ExecutorReadMetrics
 from pyspark_rmqs.runs.summary import RunSummary
@@ -54,6 +56,11 @@ def run_drain(
     to its source only when it plans the next, so the last batch's watermark is stored here once
     the query finished. What the sink wrote is read from the file sink's own log of the run's
     batches (`spark.file_sink_log`): Spark reports no output rows for file sinks.
+
+    The drain holds the consumer's lease and keeps it (`Lease.keep`) before that final store: a
+    lease lost under the drain is taken back, or the drain fails with `LeaseLostError` before
+    storing. The source's own stores during the query are Spark's (best-effort metadata behind the
+    checkpoint) and are not checked; they never move the watermark backwards.
     """
     if not consumer:
         raise ConfigurationError("a drain needs a consumer name (its stored offset is the watermark)")
@@ -65,10 +72,14 @@ def run_drain(
         run_record.run_key(consumer, target.name),
         wait_s=DEFAULT_LEASE_WAIT_S,
         what=f"consumer '{consumer}' on {target.describe()}",
-    ):
+    ) as lease:
+        # A drain writes no record, but a watermark run or `rmqs watermark set` of the name would:
+        # a lease lost under the drain and taken back proves nobody wrote one meanwhile.
+        lease.mark(BrokerClient(conn).stored_offset(lease.name, run_record.RUNS_STREAM))
         return _drain(
             spark,
             conn,
+            lease,
             target,
             consumer,
             checkpoint,
@@ -85,6 +96,7 @@ def run_drain(
 def _drain(
     spark: SparkSession,
     conn: ConnectionOptions,
+    lease: Lease,
     target: Target,
     consumer: str,
     checkpoint: str,
@@ -133,6 +145,7 @@ def _drain(
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
+    lease.keep("its final watermarks")  # the one store the drain makes itself (the source's: below)
     last = _never_backwards(conn, consumer, last, target)
     t_store = time.monotonic()
     if last:

@@ -44,8 +44,9 @@ What it relies on: the producer function yields the same messages in the same or
 retry may yield more: those are new and kept); one message per publishing id (no sub-entry
 batching); every publisher of the name goes through rmqs. A retry after more than `HISTORY` later
 runs of the name is taken as a new run (at-least-once). The lease ends with its connection (a
-broker restart): a run that lost it takes it back before its next batch, and fails if another run
-of the name began meanwhile.
+broker restart, its node down): a run that lost it takes it back before its next batch
+(`Lease.keep`), and fails with `LeaseLostError` if it cannot or another run of the name wrote the
+record meanwhile (every run of another identity does).
 """
 
 from __future__ import annotations
@@ -170,9 +171,14 @@ def _is_record_of(producer: str, target: str) -> Any:
     return match
 
 
-def latest(conn: Any, producer: str, target: str) -> ProducerRecord | None:
-    """The producer name's record on `target`, or None (it never ran there, or retention took it)."""
-    body = record.latest_body(conn, producer_key(producer, target), _is_record_of(producer, target))
+def latest(
+    conn: Any, producer: str, target: str, *, lease: leases.Lease | None = None
+) -> ProducerRecord | None:
+    """The producer name's record on `target`, or None (it never ran there, or retention took it).
+    Read under `lease`, the pointer found is marked on it (`Lease.keep` proves it unchanged)."""
+    body, pointer = record.read_latest(conn, producer_key(producer, target), _is_record_of(producer, target))
+    if lease is not None:
+        lease.mark(pointer)
     return None if body is None else ProducerRecord.from_json(body)
 
 
@@ -227,21 +233,10 @@ class ProducerTry:
         return out
 
     def check_held(self) -> None:
-        """Still the one run of the name: a lease lost with its connection is taken back, and the
-        try goes on only if no other run of the name began meanwhile."""
-        if self.lease.held:
-            return
-        self.lease.release()
-        log.warning("the lease on producer '%s' ended with its connection; taking it back", self.producer)
-        self.lease = _acquire(self.conn, self.producer, self.target, self.wait_s, None)
-        now = latest(self.conn, self.producer, self.target.name)
-        if now is None or not now.runs or now.runs[0].identity != self.run.identity:
-            self.lease.release()
-            raise ProducerBusyError(
-                f"producer '{self.producer}' on {self.target.describe()}: another run of the name began "
-                "while this one had lost its lease (a broker restart?); stopped before sending more. A "
-                "retry with the same run identity adds only what is missing"
-            )
+        """Still the one run of the name before the next batch: a lease lost with its connection is
+        taken back, and the try goes on only if the record's pointer did not move meanwhile (a run of
+        another identity writes the record when it begins); else `LeaseLostError` (`Lease.keep`)."""
+        self.lease.keep("its next batch")
 
     def release(self) -> None:
         self.lease.release()
@@ -251,8 +246,11 @@ def _acquire(
     conn: Any, producer: str, target: Target, wait_s: float, before: ProducerRecord | None
 ) -> leases.Lease:
     key = producer_key(producer, target.name)
+    what = f"producer '{producer}' on {target.describe()}"
     try:
-        return leases.acquire(conn, record.RUNS_STREAM, key, wait_s=wait_s)
+        lease = leases.acquire(conn, record.RUNS_STREAM, key, wait_s=wait_s, what=what)
+        lease.retry_advice = "a retry with the same run identity adds only what is missing"
+        return lease
     except ConsumerBusyError:
         holder = ""
         if before is not None and before.runs:
@@ -286,12 +284,13 @@ def begin(
     before = latest(conn, producer, target.name)  # only to name the holder if the name is busy
     lease = _acquire(conn, producer, target, wait, before)
     try:
-        previous = latest(conn, producer, target.name)  # under the lease: nobody else writes it
+        previous = latest(conn, producer, target.name, lease=lease)  # under the lease: only this try writes
         sequences = BrokerClient(conn).publisher_sequences(producer, streams)
         run, resumed, runs = plan_run(previous, identity or uuid.uuid4().hex, sequences, pipeline)
         if runs is not None:  # the pointer moves last: a crash before it leaves the old record
             updated = ProducerRecord(producer, target.name, runs)
-            record.write_body(conn, producer_key(producer, target.name), updated.to_json())
+            lease.keep("its record")
+            lease.mark(record.write_body(conn, producer_key(producer, target.name), updated.to_json()))
         log.info(
             "producer '%s' on %s: run '%s' %s, first publishing ids %s%s",
             producer,

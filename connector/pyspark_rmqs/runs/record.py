@@ -35,10 +35,13 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.core.codec import encode_body
+
+if TYPE_CHECKING:
+    from pyspark_rmqs.runs.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -164,26 +167,34 @@ def ensure_stream(conn: Any) -> None:
         _ready.add(key)
 
 
-def latest(conn: Any, consumer: str, target: str) -> RunRecord | None:
+def latest(conn: Any, consumer: str, target: str, *, lease: Lease | None = None) -> RunRecord | None:
     """The newest record of `consumer` on `target` (a stream or super stream name), or None when it
-    has none (never ran, or retention took it: the run then plans from its watermark)."""
-    body = latest_body(conn, run_key(consumer, target), _is_record_of(consumer, target))
+    has none (never ran, or retention took it: the run then plans from its watermark). Read under
+    `lease`, the pointer found is marked on it (what a lease taken back later proves unchanged)."""
+    body, pointer = read_latest(conn, run_key(consumer, target), _is_record_of(consumer, target))
+    if lease is not None:
+        lease.mark(pointer)
     return None if body is None else RunRecord.from_json(body)
 
 
-def write(conn: Any, record: RunRecord) -> RunRecord:
+def write(conn: Any, record: RunRecord, *, lease: Lease | None = None) -> RunRecord:
     """Publish `record` and point the consumer at it: the transition happens when the pointer moves.
 
     Call only while holding the consumer's lease (`lease.py`): the pointer rule relies on no other
-    process writing records of this consumer.
+    process writing records of this consumer. With `lease`, the lease is kept first (`Lease.keep`:
+    taken back, or `LeaseLostError`, if it ended under the run) and the new pointer marked on it.
     """
-    write_body(conn, record.key, record.to_json())
+    if lease is not None:
+        lease.keep(f"its record '{record.state}'")
+    pointer = write_body(conn, record.key, record.to_json())
+    if lease is not None:
+        lease.mark(pointer)
     return record
 
 
-def advance(conn: Any, record: RunRecord, state: str) -> RunRecord:
-    """`record` moved to `state`, written."""
-    return write(conn, record.moved_to(state))
+def advance(conn: Any, record: RunRecord, state: str, *, lease: Lease | None = None) -> RunRecord:
+    """`record` moved to `state`, written (under `lease`: see `write`)."""
+    return write(conn, record.moved_to(state), lease=lease)
 
 
 def ranges_of(record: RunRecord) -> Mapping[str, tuple[int, int]]:
@@ -199,21 +210,26 @@ def ranges_of(record: RunRecord) -> Mapping[str, tuple[int, int]]:
 def latest_body(conn: Any, key: str, match: Any) -> bytes | None:
     """The body of `key`'s newest record: the first message at or after `key`'s pointer that
     `match`es; None when `key` has no pointer or retention removed its record."""
+    return read_latest(conn, key, match)[0]
+
+
+def read_latest(conn: Any, key: str, match: Any) -> tuple[bytes | None, int | None]:
+    """`latest_body`, and the pointer it was found by (None: `key` has none)."""
     ensure_stream(conn)
     client = BrokerClient(conn)
     pointer = client.stored_offset(key, RUNS_STREAM)
     if pointer is None:
-        return None
+        return None, None
     found = client.find_message(RUNS_STREAM, pointer, match)
     if found is None:
         log.info("the newest record of '%s' is no longer in %s (retention)", key, RUNS_STREAM)
-        return None
-    return found[1]
+        return None, pointer
+    return found[1], pointer
 
 
-def write_body(conn: Any, key: str, body: bytes) -> None:
+def write_body(conn: Any, key: str, body: bytes) -> int:
     """Publish `body` (a JSON record) and move `key`'s pointer to it: the write happens when the
-    pointer moves. Call only while holding `key`'s lease (see `write`)."""
+    pointer moves; returns the pointer stored. Call only while holding `key`'s lease (see `write`)."""
     from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 
     ensure_stream(conn)
@@ -223,3 +239,4 @@ def write_body(conn: Any, key: str, body: bytes) -> None:
         producer.send([encode_body(body)])
         producer.flush()
     client.store_offsets(key, {RUNS_STREAM: pointer})
+    return pointer

@@ -109,7 +109,8 @@ def plan_read(
         what=f"consumer '{consumer}' on {target.describe()}",
     )
     try:
-        previous = run_record.latest(conn, consumer, target.name)  # under the lease: nobody else writes it
+        # Under the lease nobody else writes it; the pointer is marked on the lease (`Lease.keep`).
+        previous = run_record.latest(conn, consumer, target.name, lease=lease)
         plan = _plan(
             conn,
             target,
@@ -136,7 +137,7 @@ def plan_read(
                 token=plan.token.value,
                 pipeline=pipeline,
             )
-            plan = replace(plan, record=run_record.write(conn, record))
+            plan = replace(plan, record=run_record.write(conn, record, lease=lease))
         return replace(plan, lease=lease)
     except BaseException:
         lease.release()
@@ -225,16 +226,24 @@ def finish_run(
     its place), then moves its record to `stored`. A failure after `delivered` is marked
     `COMMITTED`: a retry only stores. Then the lag after the run, the time taken, and one
     structured log line with the whole summary.
+
+    Before each of those three writes the run keeps its lease (`Lease.keep`: a local flag while
+    held; when its connection closed under the run, the lease is taken back and the record must be
+    as this run left it, else `LeaseLostError` before that write; see there for the window between
+    the check and the write).
     """
     record = plan.record
     if store_watermark and record is not None and plan.consumer:
         t_store = time.monotonic()
+        lease = plan.lease
         if record.state == run_record.PLANNED:
-            record = run_record.advance(conn, record, run_record.DELIVERED)
+            record = run_record.advance(conn, record, run_record.DELIVERED, lease=lease)
         wanted = _watermarks_to_store(plan)
         try:
+            if lease is not None:
+                lease.keep("its watermarks")
             kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen, resumed=plan.resumed)
-            run_record.advance(conn, record, run_record.STORED)
+            run_record.advance(conn, record, run_record.STORED, lease=lease)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.COMMITTED) from None
         if kept:  # an explicit range behind the watermark: never moved backwards
