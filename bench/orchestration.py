@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import tempfile
@@ -188,6 +189,22 @@ def sensor_checks(superstream: str, checks: int, counter: ConnectCounter) -> Non
     report("lag sensor check", times, counter.calls - before, _per_check(mark, checks))
 
 
+class FullCollections:
+    """CPython's generation-2 collections (the whole heap, loop stopped) and how long each took."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._start)
+
+
 class Ticker:
     """Wakes every `period` s on the loop and records how late each wake-up was (the loop's lag)."""
 
@@ -234,12 +251,15 @@ def watchers(
 
         ticker = Ticker()
         tick_task = asyncio.create_task(ticker.run())
+        collections = FullCollections()
+        gc.callbacks.append(collections)
         # The same loop idle for as long as the polls take: the lag the machine alone causes (the
         # OS deschedules this process when other work shares the cores).
         await asyncio.sleep(interval * (polls + 1))
         idle = sorted(ticker.lags) or [0.0]
         ticker.lags.clear()
         await asyncio.sleep(aligned_delay(interval))  # start together, as on a triggerer's grid
+        collections.pauses.clear()
         connects = counter.calls
         tasks = [asyncio.create_task(drain(t)) for t in triggers]
         rounds: list[dict[str, float]] = []
@@ -247,6 +267,7 @@ def watchers(
             tick = round(time.monotonic() / interval) * interval  # the grid point this poll started at
             mark_lag, mark_req, mark_probes = len(ticker.lags), requests_sent(), probes_made()
             cpu = broker_cpu_s()
+            own = time.process_time()
             while sum(1 for s, _ in spans if s >= tick - interval / 2) < count:
                 await asyncio.sleep(0.005)
             done_at = max(e for s, e in spans if s >= tick - interval / 2)
@@ -259,9 +280,11 @@ def watchers(
                     "requests": requests_sent() - mark_req,
                     "probes": probes_made() - mark_probes,
                     "cpu": -1.0 if cpu is None or after is None else after - cpu,
+                    "own": time.process_time() - own,
                 }
             )
             await asyncio.sleep(aligned_delay(interval))
+        gc.callbacks.remove(collections)
         for t in tasks:
             t.cancel()
         tick_task.cancel()
@@ -284,7 +307,14 @@ def watchers(
             f"{statistics.median([r['requests'] for r in steady]):.0f} requests/poll, "
             f"{statistics.median([r['probes'] for r in steady]):.0f} tail subscriptions/poll, "
             f"broker CPU {statistics.median(cpu_ms) if cpu_ms else -1:.0f} ms/poll, "
+            f"this process's CPU {statistics.median([r['own'] for r in steady]) * 1000:.0f} ms/poll, "
             f"{counter.calls - connects} new connections (load {_load()})",
+            flush=True,
+        )
+        full = collections.pauses or [0.0]
+        print(
+            f"full (generation-2) garbage collections while the watchers ran: {len(collections.pauses)}, "
+            f"longest {max(full) * 1000:.0f} ms (the loop stops for each)",
             flush=True,
         )
         print(

@@ -81,19 +81,14 @@ async def _nothing(n: int) -> list[tuple[Any, type[Exception] | None]]:
     return [(None, rx.OffsetNotFound)] * n
 
 
-def _stats(raw: Mapping[str, int]) -> StreamStats:
-    return StreamStats(
-        first_chunk_id=raw.get("first_chunk_id", -1),
-        committed_chunk_id=raw.get("committed_chunk_id", -1),
-        committed_offset=raw.get("committed_offset"),
-    )
+def _stats(raw: tuple[int, int, int | None, int | None]) -> StreamStats:
+    """A batched StreamStats answer (`protocol.STATS`) as `StreamStats`."""
+    return StreamStats(first_chunk_id=raw[0], committed_chunk_id=raw[1], committed_offset=raw[3])
 
 
-def _ids(raw: Mapping[str, int]) -> tuple[int, int, int] | None:
+def _ids(raw: tuple[int, int, int | None, int | None]) -> tuple[int, int, int] | None:
     """(first, committed, last) chunk ids: what no store can leave unchanged; None if not reported."""
-    if "last_chunk_id" not in raw:
-        return None
-    return raw.get("first_chunk_id", -1), raw.get("committed_chunk_id", -1), raw["last_chunk_id"]
+    return None if raw[2] is None else (raw[0], raw[1], raw[2])
 
 
 def _stream_error(err: type[Exception], stream: str) -> Exception:

@@ -46,7 +46,7 @@ TAIL_REUSE_S = 600.0
 and created again under the same name that reached the same chunk ids, which ids cannot tell apart."""
 TOPOLOGY_REUSE_S = 60.0
 """How long the streams found led from the metadata connection's node stay known (Metadata)."""
-_FORGET_S = 30.0  # answers older than this are dropped: no check lasts that long
+_FORGET_S = 5.0  # answers older are dropped (joins happen within a poll): they are GC work
 
 
 class Lookups:
