@@ -37,6 +37,7 @@ from bench.common import broker_cpu_s, connection, fill_batches
 from pyspark_rmqs.broker import connect as connect_module
 from pyspark_rmqs.broker import pool as pool_module
 from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.errors import StreamNotFoundError
 from pyspark_rmqs.options import ConnectionOptions
 
 CONSUMER = "bench-orchestration"
@@ -76,13 +77,32 @@ def setup(conn: ConnectionOptions, partitions: int, superstreams: int = 1) -> li
     """Super streams with 20 messages in every partition and a stored watermark on half of them."""
     client = BrokerClient(conn)
     names = [f"bench-orch-{uuid.uuid4().hex[:8]}" for _ in range(superstreams)]
-    parts: list[str] = []
-    for name in names:
-        client.create_super_stream(name, partitions)
-        parts += client.partitions(name)
-    fill_batches(conn, {p: 20 for p in parts}, 0, batch=20, size=50)
-    client.store_offsets(CONSUMER, {p: 9 for p in parts[::2]})
+    try:
+        parts: list[str] = []
+        for name in names:
+            client.create_super_stream(name, partitions)
+            parts += _partitions(client, name, partitions)
+        fill_batches(conn, {p: 20 for p in parts}, 0, batch=20, size=50)
+        client.store_offsets(CONSUMER, {p: 9 for p in parts[::2]})
+    except BaseException:
+        for name in names:
+            client.delete_super_stream(name)
+        raise
     return names
+
+
+def _partitions(client: BrokerClient, name: str, expected: int) -> list[str]:
+    """The partitions once all are bound: a busy broker may answer the creation (or time out and
+    have it retried as "already exists") before the bindings are visible."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            found = client.partitions(name)
+        except StreamNotFoundError:
+            found = []
+        if len(found) == expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
 
 
 def publish_one_each(conn: ConnectionOptions, superstream: str) -> None:
@@ -101,7 +121,8 @@ def requests_sent() -> int:
 
 
 def probes_made() -> int:
-    return sum(lk.tails.probes for pool in list(pool_module._pools.values()) for lk in pool._lookups.values())
+    pools = list(pool_module._pools.values())
+    return sum(lk.tails.probes for pool in pools for lk in getattr(pool, "_lookups", {}).values())
 
 
 def report(label: str, seconds: list[float], connects: int, extra: str = "") -> None:
@@ -223,7 +244,10 @@ class Ticker:
 def watchers(
     superstreams: list[str], count: int, polls: int, interval: float, counter: ConnectCounter
 ) -> None:
-    from airflow_rmqs.triggers import RabbitMQStreamNewDataTrigger, aligned_delay
+    from airflow_rmqs.triggers import RabbitMQStreamNewDataTrigger
+
+    def aligned_delay(interval: float) -> float:  # the triggers' grid (also on a checkout without it)
+        return interval - (time.monotonic() % interval)
 
     spans: list[tuple[float, float]] = []  # (start, end) of every check, monotonic
 
