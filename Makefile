@@ -112,6 +112,9 @@ bench: prepare
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.available_now
 	$(PY) -m bench.available_now --messages 5000000
+	$(PY) -m bench.orchestration --partitions 50
+	$(PY) -m bench.orchestration --partitions 500 --checks 10
+	$(PY) -m bench.orchestration --watchers 100 --partitions 50
 	@# On the cluster tier's three nodes (started, then stopped): replica vs leader reads, non-leader vs leader writes.
 	$(CLUSTER_ENV) $(PY) -m bench.cluster; rc=$$?; $(CLUSTER_ENV) $(PY) -m tests.cluster.support down; exit $$rc
 

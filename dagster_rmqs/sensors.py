@@ -175,7 +175,7 @@ def build_new_data_sensor(
     )
     def _new_data(context: SensorEvaluationContext, **given: Any) -> SensorResult:
         rabbitmq = _broker(context, given, key)
-        w = rabbitmq.watermarks(consumer, **target.kw)
+        w = rabbitmq.watermarks(consumer, **target.kw, polling=True)  # a poll: see lookups.py
         return evaluate_new_data(
             w,
             context.cursor,

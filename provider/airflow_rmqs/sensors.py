@@ -49,7 +49,9 @@ class _WatermarkSensor(BaseSensorOperator):
     def _check(self) -> Watermarks:
         hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
         with airflow_failures():
-            return hook.watermarks(self.consumer_name, stream=self.stream, superstream=self.superstream)
+            return hook.watermarks(
+                self.consumer_name, stream=self.stream, superstream=self.superstream, polling=True
+            )
 
     def _done(self, w: Watermarks) -> bool:
         raise NotImplementedError

@@ -3,11 +3,17 @@
 They only compare tails with the broker-stored watermark (`awatermarks`, a few metadata calls on
 one shared connection per event loop): nothing is consumed and no JVM starts, so they are cheap
 enough for the triggerer to poll every few seconds.
+
+A triggerer runs every trigger on one event loop. After its first check, each trigger polls on the
+loop clock's grid of its `poll_interval` (at multiples of it), so the triggers of a triggerer with
+the same interval check at the same moments and their requests go out together: one StreamStats
+per stream per poll however many triggers watch it (`pyspark_rmqs.broker.lookups`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,6 +41,16 @@ def watermark_payload(w: Watermarks) -> dict[str, Any]:
         },
         "pending": {s: [start, end] for s, (start, end) in w.pending().items()},
     }
+
+
+def aligned_delay(interval: float, now: float | None = None) -> float:
+    """The wait until the next multiple of `interval` on the monotonic clock (never 0: at least a
+    tenth of it). Triggers that poll alike then check together and share their requests."""
+    if interval <= 0:
+        return 0.0
+    now = time.monotonic() if now is None else now
+    delay = interval - (now % interval)
+    return delay if delay >= interval / 10 else delay + interval
 
 
 class _WatermarkPolling:
@@ -77,7 +93,7 @@ class _WatermarkPolling:
         """One watermark snapshot (tails, stored offsets) on the running loop's shared connection."""
         if self._hook is None:
             self._hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
-        return await self._hook.awatermarks(self.consumer_name, **self.target.kw())
+        return await self._hook.awatermarks(self.consumer_name, **self.target.kw(), polling=True)
 
     async def _checks(self) -> AsyncIterator[Watermarks]:
         """One snapshot per poll; retryable errors wait for the next poll, the others raise."""
@@ -90,7 +106,7 @@ class _WatermarkPolling:
                 self.log.warning(
                     "rmqs: watermark check failed, retrying in %.1f s: %s", self.poll_interval, e
                 )
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(aligned_delay(self.poll_interval))
 
 
 class RabbitMQStreamNewDataTrigger(_WatermarkPolling, BaseEventTrigger):

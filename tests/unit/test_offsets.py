@@ -823,6 +823,11 @@ class _Tracking:
     async def stored_offset(self, consumer: str, s: str) -> int | None:
         return self.stored.get((consumer, s))
 
+    async def watermark_rows(
+        self, streams: list[str], consumer: str, **_: Any
+    ) -> list[tuple[int, int, int | None]]:
+        return [(*(await self.bounds(s)), self.stored.get((consumer, s))) for s in streams]
+
     async def stored_offsets(self, consumer: str, streams: list[str]) -> dict[str, int | None]:
         return {s: self.stored.get((consumer, s)) for s in streams}
 

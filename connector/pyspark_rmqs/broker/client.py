@@ -26,7 +26,7 @@ from rstream.constants import OffsetType
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import probe_locator
 from pyspark_rmqs.broker.pool import get_pool
-from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
+from pyspark_rmqs.broker.protocol import OFFSET, STATS, Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, retry_async
 from pyspark_rmqs.broker.topology import Node
 from pyspark_rmqs.core.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
@@ -75,6 +75,31 @@ class TimeBound:
     offset: int
     passed: bool
     last_timestamp: int | None = None
+
+
+_STATS = STATS
+_OFFSET = OFFSET
+
+
+async def _nothing(n: int) -> list[tuple[Any, type[Exception] | None]]:
+    return [(None, rx.OffsetNotFound)] * n
+
+
+def _stats(raw: tuple[int, int, int | None, int | None]) -> StreamStats:
+    """A batched StreamStats answer (`protocol.STATS`) as `StreamStats`."""
+    return StreamStats(first_chunk_id=raw[0], committed_chunk_id=raw[1], committed_offset=raw[3])
+
+
+def _ids(raw: tuple[int, int, int | None, int | None]) -> tuple[int, int, int] | None:
+    """(first, committed, last) chunk ids: what no store can leave unchanged; None if not reported."""
+    return None if raw[2] is None else (raw[0], raw[1], raw[2])
+
+
+def _stream_error(err: type[Exception], stream: str) -> Exception:
+    """The broker's answer code for one stream as the error the rstream path raised for it."""
+    if issubclass(err, rx.StreamDoesNotExist):
+        return StreamNotFoundError(f"stream '{stream}' does not exist")
+    return err()
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -166,6 +191,117 @@ class AsyncBrokerClient:
             committed_chunk_id=raw.get("committed_chunk_id", -1),
             committed_offset=raw.get("committed_offset"),
         )
+
+    async def watermark_rows(
+        self, streams: Sequence[str], consumer: str, *, since: float | None = None, polling: bool = False
+    ) -> list[tuple[int, int, int | None]]:
+        """(first offset, tail, stored offset of `consumer` or None) per stream, in order.
+
+        The StreamStats and QueryOffset requests of all streams go out together through the loop's
+        coalescing queue (`lookups.py`): pipelined on the shared metadata connection, and shared
+        with other checks on this loop that asked for the same at the same time. `since` (a
+        `time.monotonic()` no later than the caller's start) bounds how old a shared answer may be.
+        A tail needs a subscription only where the broker reports no committed offset (before 4.3)
+        and, with `polling` (polling checks), only where the stream's chunk ids moved since
+        the last one. An empty `consumer` asks for no stored offset.
+        """
+        names = list(streams)
+        asked = time.monotonic() if since is None else since
+        lookups = get_pool().lookups(self.conn)
+
+        async def once() -> list[tuple[int, int, int | None]]:
+            try:
+                if polling and consumer:  # offsets after the stats: maybe none are needed
+                    stats, led = await asyncio.gather(
+                        lookups.answers(_STATS, names, "", asked, self.timeout), lookups.leader_here(names)
+                    )
+                    stored = await self._stored_after(lookups, names, consumer, stats, led)
+                else:
+                    stats, stored = await asyncio.gather(
+                        lookups.answers(_STATS, names, "", asked, self.timeout),
+                        lookups.answers(_OFFSET, names, consumer, asked, self.timeout)
+                        if consumer
+                        else _nothing(len(names)),
+                    )
+            except TimeoutError as e:
+                await get_pool().drop_locator(self.conn)
+                raise BrokerTimeoutError("watermarks: no answer from the broker") from e
+            rows = []
+            probes: dict[int, StreamStats] = {}
+            for i, (s, (raw, err), (offset, off_err)) in enumerate(zip(names, stats, stored, strict=True)):
+                if err is not None:
+                    raise _stream_error(err, s)
+                if off_err is not None and off_err is not rx.OffsetNotFound:
+                    raise _stream_error(off_err, s)
+                st = _stats(raw)
+                tail = self._known_tail(st)
+                if tail is None and polling:
+                    tail = lookups.tails.get(s, st.first_chunk_id, st.committed_chunk_id)
+                if tail is None:
+                    probes[i] = st
+                rows.append((st.first_offset, -1 if tail is None else tail, None if off_err else offset))
+            if probes:
+                measured = await asyncio.gather(
+                    *(self._measured_tail(lookups, names[i], st) for i, st in probes.items())
+                )
+                for i, tail in zip(probes, measured, strict=True):
+                    rows[i] = (rows[i][0], tail, rows[i][2])
+            return rows
+
+        return await self._retry(f"watermarks of {len(names)} stream(s)", once)
+
+    async def _stored_after(
+        self,
+        lookups: Any,
+        names: list[str],
+        consumer: str,
+        stats: list[tuple[Any, type[Exception] | None]],
+        led: set[str],
+    ) -> list[tuple[Any, type[Exception] | None]]:
+        """Stored offsets for a polling check, asked after its stats were answered: reused where the
+        stats came from the leader at the chunk ids the offset was read at, else QueryOffset (only
+        requests written after the stats count, so an answer is never older than its ids)."""
+        out: list[tuple[Any, type[Exception] | None]] = [(None, None)] * len(names)
+        need: list[int] = []
+        ids: list[tuple[int, int, int] | None] = []
+        for i, (s, (raw, err)) in enumerate(zip(names, stats, strict=True)):
+            key = None if err is not None else _ids(raw)
+            ids.append(key if s in led else None)
+            found, value = (
+                (False, None) if key is None or s not in led else lookups.offsets.get(s, consumer, key)
+            )
+            if found:
+                out[i] = (value, None if value is not None else rx.OffsetNotFound)
+            else:
+                need.append(i)
+        if need:
+            after = time.monotonic()
+            answers = await lookups.answers(_OFFSET, [names[i] for i in need], consumer, after, self.timeout)
+            for i, (value, err) in zip(need, answers, strict=True):
+                out[i] = (value, err)
+                key = ids[i]
+                if key is not None and (err is None or err is rx.OffsetNotFound):
+                    lookups.offsets.put(names[i], consumer, key, None if err else value)
+        return out
+
+    @staticmethod
+    def _known_tail(st: StreamStats) -> int | None:
+        """The tail when StreamStats alone tells it (4.3+, or an empty stream); None otherwise."""
+        if st.committed_offset is not None:
+            return st.committed_offset + 1
+        if st.is_empty:
+            return max(0, st.first_chunk_id)
+        return None
+
+    async def _measured_tail(self, lookups: Any, stream: str, st: StreamStats) -> int:
+        """The tail by a subscription (`_tail`), one at a time per stream and chunk ids on this loop,
+        at most `lookups.probes` at once; remembered for polling checks."""
+
+        async def probe() -> int:
+            async with lookups.probes:
+                return await self._tail(stream, st)
+
+        return int(await lookups.tails.measure(stream, st.first_chunk_id, st.committed_chunk_id, probe))
 
     async def first_offset(self, stream: str) -> int:
         """The first offset still in the stream (retention moves it forward); 0 for an empty stream."""

@@ -21,6 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from pyspark_rmqs.broker.connect import connect
+from pyspark_rmqs.broker.lookups import Lookups
 from pyspark_rmqs.broker.protocol import RmqsClient
 from pyspark_rmqs.broker.topology import Node
 
@@ -48,6 +49,7 @@ IDLE_SECONDS = idle_seconds()
 class ConnectionPool:
     def __init__(self) -> None:
         self._locators: dict[Any, RmqsClient] = {}
+        self._lookups: dict[Any, Lookups] = {}
         self._idle: dict[Any, list[tuple[float, RmqsClient]]] = defaultdict(list)
         self._locks: dict[Any, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
@@ -67,6 +69,14 @@ class ConnectionPool:
                 self._reached.add(conn.cache_key())
             self._start_reaper()
             return client
+
+    def lookups(self, conn: Any) -> Lookups:
+        """The coalescing metadata queue of these settings on this loop (on the seeds' locator)."""
+        key = conn.cache_key()
+        found = self._lookups.get(key)
+        if found is None:
+            found = self._lookups[key] = Lookups(lambda: self.locator(conn))
+        return found
 
     async def drop_locator(self, conn: Any, node: Node | None = None) -> None:
         client = self._locators.pop((conn.cache_key(), node), None)

@@ -50,10 +50,20 @@ class StreamsHandle(ABC):
     # ------------------------------------------------------------------ watermarks (sync)
 
     def watermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+        self,
+        consumer_name: str,
+        *,
+        stream: str | None = None,
+        superstream: str | None = None,
+        polling: bool = False,
     ) -> Watermarks:
-        """First offset, tail, stored watermark and lag of `consumer_name` per partition stream."""
-        coro = awatermarks(self._connection(), consumer_name, stream=stream, superstream=superstream)
+        """First offset, tail, stored watermark and lag of `consumer_name` per partition stream.
+
+        `polling` (for checks that poll: sensors, triggers) reuses a tail, and a stored offset,
+        that this process read at the stream's current chunk ids: no chunk (message or offset
+        store) was written since, so they did not change (see `pyspark_rmqs.broker.lookups`)."""
+        poll = {"polling": True} if polling else {}
+        coro = awatermarks(self._connection(), consumer_name, stream=stream, superstream=superstream, **poll)
         return run_sync(coro, self._metadata_timeout_s(), f"watermarks of '{superstream or stream}'")
 
     def tails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
@@ -83,12 +93,18 @@ class StreamsHandle(ABC):
     # ------------------------------------------------------------------ watermarks (async)
 
     async def awatermarks(
-        self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
+        self,
+        consumer_name: str,
+        *,
+        stream: str | None = None,
+        superstream: str | None = None,
+        polling: bool = False,
     ) -> Watermarks:
         """`watermarks` on the caller's event loop (an Airflow trigger, async Dagster code); not
         bounded by the metadata timeout: bound it there if needed, e.g. with `asyncio.timeout`."""
         conn = await self._aconnection()
-        return await awatermarks(conn, consumer_name, stream=stream, superstream=superstream)
+        poll = {"polling": True} if polling else {}
+        return await awatermarks(conn, consumer_name, stream=stream, superstream=superstream, **poll)
 
     async def atails(self, *, stream: str | None = None, superstream: str | None = None) -> dict[str, int]:
         """`tails` on the caller's event loop."""

@@ -9,7 +9,7 @@ read, no JVM is started. `awatermarks` / `astore_watermarks` run on the caller's
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -86,32 +86,43 @@ class Watermarks:
 
 
 async def awatermarks(
-    conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    conn: Any,
+    consumer: str,
+    *,
+    stream: str | None = None,
+    superstream: str | None = None,
+    polling: bool = False,
 ) -> Watermarks:
-    """Tails, stored offsets and lag of `consumer` on a stream or every partition of a super stream."""
+    """Tails, stored offsets and lag of `consumer` on a stream or every partition of a super stream.
+
+    All partitions' requests are in flight together on the loop's shared metadata connection, and
+    shared with the other checks on the loop that ask for the same at the same time
+    (`broker/lookups.py`); every answer was given after this call began. `polling` (checks that
+    poll: triggers, sensors) reuses the tail (a subscription per stream on a broker before 4.3)
+    and the stored offset read on this loop at the stream's current chunk ids.
+    """
+    since = time.monotonic()
     target = Target.of(stream, superstream)
     client = AsyncBrokerClient(conn)
     streams = await target.astreams(client)
-
-    async def one(s: str) -> PartitionWatermark:
-        (first, tail), stored = await asyncio.gather(client.bounds(s), client.stored_offset(consumer, s))
-        return PartitionWatermark(s, first, tail, stored)
-
-    sem = asyncio.Semaphore(16)
-
-    async def bounded(s: str) -> PartitionWatermark:
-        async with sem:
-            return await one(s)
-
-    parts = await asyncio.gather(*(bounded(s) for s in streams))
-    return Watermarks(target.name, consumer, target.is_super, tuple(parts))
+    rows = await client.watermark_rows(streams, consumer, since=since, polling=polling)
+    parts = tuple(
+        PartitionWatermark(s, first, tail, stored)
+        for s, (first, tail, stored) in zip(streams, rows, strict=True)
+    )
+    return Watermarks(target.name, consumer, target.is_super, parts)
 
 
 def watermarks(
-    conn: Any, consumer: str, *, stream: str | None = None, superstream: str | None = None
+    conn: Any,
+    consumer: str,
+    *,
+    stream: str | None = None,
+    superstream: str | None = None,
+    polling: bool = False,
 ) -> Watermarks:
     return run_sync(
-        awatermarks(conn, consumer, stream=stream, superstream=superstream),
+        awatermarks(conn, consumer, stream=stream, superstream=superstream, polling=polling),
         WATERMARKS_TIMEOUT_S,
         "watermarks",
     )
