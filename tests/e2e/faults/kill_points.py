@@ -76,10 +76,10 @@ def arm(kill: str, *, engine: str = "spark") -> None:
 
         real_advance = record.advance
 
-        def advance_unless_delivered(conn: Any, rec: Any, state: str) -> Any:
+        def advance_unless_delivered(conn: Any, rec: Any, state: str, **kw: Any) -> Any:
             if state == record.DELIVERED:
                 die()
-            return real_advance(conn, rec, state)
+            return real_advance(conn, rec, state, **kw)
 
         record.advance = advance_unless_delivered  # type: ignore[assignment]
     elif kill == "commit":
