@@ -61,3 +61,18 @@ def test_the_demo_path_runs_the_demo_only_as_main() -> None:
     code = "import sys, pyspark_rmqs.demo; print('pyspark_rmqs.cli.demo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_errors_are_named_by_their_public_path_and_pickle() -> None:
+    """Spark prints `module.Class: message` for an executor's error and users match on it; a pickled
+    error (from an executor, a subprocess) must load on the other side by that name."""
+    import pickle
+
+    from pyspark_rmqs import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            assert cls.__module__ == "pyspark_rmqs.errors", name
+            again = pickle.loads(pickle.dumps(cls("boom")))
+            assert type(again) is cls and str(again) == "boom"

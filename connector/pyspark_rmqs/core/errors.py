@@ -187,3 +187,26 @@ class LeaseLostError(ConsumerBusyError):
     """
 
     retryable = True
+
+
+# Tracebacks, Spark's error text ("pyspark_rmqs.errors.DataLossError: ...") and pickles name a class
+# by its `__module__`: give the path users import and match on (the facade `pyspark_rmqs.errors`,
+# docs/api.md), not the folder the code happens to live in. Unpickling imports the facade, which
+# imports this module: the same class.
+for _error in (
+    RmqsError,
+    ConfigurationError,
+    AuthenticationError,
+    StreamNotFoundError,
+    DataLossError,
+    BrokerUnavailableError,
+    BrokerTimeoutError,
+    WatermarkConflictError,
+    UnsupportedBrokerError,
+    DataError,
+    PublishError,
+    ConsumerBusyError,
+    ProducerBusyError,
+    LeaseLostError,
+):
+    _error.__module__ = "pyspark_rmqs.errors"
