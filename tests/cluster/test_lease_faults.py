@@ -20,6 +20,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.errors import ConsumerBusyError, RmqsError
 from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.runs import steps
 from pyspark_rmqs.runs.lease import Lease
 from tests.cluster.conftest import ClusterStreams
 from tests.cluster.support import ClusterSettings, wait_for
@@ -43,7 +44,7 @@ def test_the_node_of_a_runs_lease_killed_mid_run(
     killed: list[int] = []
     turned_away: list[BaseException] = []
     stored: list[dict[str, int]] = []
-    real_store = jobs.store_watermarks_checked
+    real_store = steps.store_watermarks_checked
 
     def store_while_another_run_tries(
         c: Any, consumer: str, wanted: dict[str, int], *a: Any, **k: Any
@@ -57,7 +58,7 @@ def test_the_node_of_a_runs_lease_killed_mid_run(
         stored.append(dict(wanted))
         return kept
 
-    monkeypatch.setattr(jobs, "store_watermarks_checked", store_while_another_run_tries)
+    monkeypatch.setattr(steps, "store_watermarks_checked", store_while_another_run_tries)
     tries: list[str] = []
     leases: list[Lease] = []
     for attempt in range(3):

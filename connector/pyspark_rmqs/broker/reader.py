@@ -240,7 +240,9 @@ class RangeReader:
                 if idle > poll_s:
                     raise BrokerTimeoutError(
                         f"no message from '{self.stream}' for pollTimeoutMs={self.s.poll_timeout_ms} ms "
-                        f"while reading [{self.start}, {self.end}); stopped at offset {self.next_offset}"
+                        f"while reading [{self.start}, {self.end}); stopped at offset {self.next_offset}. "
+                        "Retry: a slow broker may need a larger pollTimeoutMs; on a cluster, a stream "
+                        "that lost the majority of its members delivers nothing until they are back"
                     ) from None
                 continue
             if isinstance(item, BaseException):
