@@ -215,6 +215,8 @@ class FullCollections:
 
     def __init__(self) -> None:
         self.pauses: list[float] = []
+        self.polls: list[int] = []  # the poll each collection fell in (0: the first, every tail measured)
+        self.poll = 0
         self._start = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -224,6 +226,7 @@ class FullCollections:
             self._start = time.perf_counter()
         else:
             self.pauses.append(time.perf_counter() - self._start)
+            self.polls.append(self.poll)
 
 
 class Ticker:
@@ -287,7 +290,9 @@ def watchers(
         connects = counter.calls
         tasks = [asyncio.create_task(drain(t)) for t in triggers]
         rounds: list[dict[str, float]] = []
-        for _ in range(polls + 1):
+        collections.polls.clear()
+        for poll in range(polls + 1):
+            collections.poll = poll
             tick = round(time.monotonic() / interval) * interval  # the grid point this poll started at
             mark_lag, mark_req, mark_probes = len(ticker.lags), requests_sent(), probes_made()
             cpu = broker_cpu_s()
@@ -336,9 +341,11 @@ def watchers(
             flush=True,
         )
         full = collections.pauses or [0.0]
+        first_gc = collections.polls.count(0)
         print(
             f"full (generation-2) garbage collections while the watchers ran: {len(collections.pauses)}, "
-            f"longest {max(full) * 1000:.0f} ms (the loop stops for each)",
+            f"longest {max(full) * 1000:.0f} ms (the loop stops for each); in the first poll {first_gc}, "
+            f"in the {polls} steady polls {len(collections.polls) - first_gc}",
             flush=True,
         )
         print(
