@@ -35,7 +35,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
 from pyspark_rmqs.broker.protocol import RmqsClient
-from pyspark_rmqs.broker.recovery import COME_BACK_ADVICE, as_transient
+from pyspark_rmqs.broker.recovery import COME_BACK_ADVICE, retry_sync
 from pyspark_rmqs.broker.topology import Node, node_of
 from pyspark_rmqs.core.errors import (
     BrokerUnavailableError,
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 256  # the broker's limit on a consumer (reference) name
 DEFAULT_WAIT_S = 10.0
-REGAIN_PAUSE_S = 0.5  # between tries to reach a live member while taking a lost lease back
 _UNKNOWN = object()  # `Lease.pointer` before the holder read or wrote its name's record pointer
 
 
@@ -283,21 +282,24 @@ async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[Rm
 def _acquire_within(conn: Any, stream: str, name: str, wait_s: float) -> tuple[RmqsClient, int] | None:
     """`_acquire` within `wait_s` in all: a records stream that cannot be subscribed to for now (a
     member restarting, an election, a member list naming a node that just died) is tried again until
-    then. None when another subscription of the name stays active; `BrokerUnavailableError` (the
-    last one) when no member could be subscribed to."""
+    then (`recovery.retry_sync`, the one retry loop). None when another subscription of the name stays
+    active; `BrokerUnavailableError` (the last one) when no member could be subscribed to."""
     deadline = time.monotonic() + wait_s
-    while True:
+
+    def attempt() -> tuple[RmqsClient, int] | None:
         left = max(deadline - time.monotonic(), 0.1)
-        try:
-            return run_sync(_acquire(conn, stream, name, left), left + 60.0, f"lease on '{name}'")
-        except Exception as e:
-            err = as_transient(e, f"subscribe to '{stream}'")
-            if err is None:
-                raise
-            if time.monotonic() + REGAIN_PAUSE_S >= deadline:
-                raise err from e
-            log.debug("the lease on '%s' cannot be taken for now (%s); trying again", name, err)
-            time.sleep(REGAIN_PAUSE_S)
+        return run_sync(_acquire(conn, stream, name, left), left + 60.0, f"lease on '{name}'")
+
+    return retry_sync(
+        f"subscribe to '{stream}'",
+        attempt,
+        window=wait_s,
+        deadline=deadline,
+        exhausted=lambda err: err,
+        on_retry=lambda err, _pause, _n: log.debug(
+            "the lease on '%s' cannot be taken for now (%s); trying again", name, err
+        ),
+    )
 
 
 def acquire(
