@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
 	@# PYTHONDONTWRITEBYTECODE may be set: compile once here, or every Spark worker pays ~2 s for pandas.
 	@$(PY) -m compileall -q -j0 $(VENV)/lib >/dev/null 2>&1 || true
+	@# Spark's Python processes import this venv's compiled pyspark, not pyspark.zip's sources (tests/support/pyspark_zip.py).
+	@$(PY) -m tests.support.pyspark_zip >/dev/null
 	@touch $@
 
 java:
