@@ -8,6 +8,10 @@ STAMP := $(VENV)/.rmqs-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
+# No bytecode is compiled at install (all 16,000 modules: ~50 s of CPU, most never imported): each
+# module's .pyc is written the first time a process imports it, also where PYTHONDONTWRITEBYTECODE
+# is set (tests/conftest.py does the same for a pytest run by hand).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup prepare java test test-unit test-containers test-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
 
@@ -17,9 +21,7 @@ setup: java $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
-	@# PYTHONDONTWRITEBYTECODE may be set: compile once here, or every Spark worker pays ~2 s for pandas.
-	@$(PY) -m compileall -q -j0 $(VENV)/lib >/dev/null 2>&1 || true
+	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
 	@# Spark's Python processes import this venv's compiled pyspark, not pyspark.zip's sources (tests/support/pyspark_zip.py).
 	@$(PY) -m tests.support.pyspark_zip >/dev/null
 	@touch $@

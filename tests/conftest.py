@@ -15,11 +15,17 @@ import pytest
 # pyspark_rmqs.broker.pool is imported: before any test module, and inherited by Spark's workers):
 # the soak checks that every connection closes once idle, and waited up to 90 s for it.
 os.environ.setdefault("RMQS_POOL_IDLE_SECONDS", "15")
+# The venv is installed without bytecode (Makefile): every process of the run (xdist workers, Spark's
+# Python workers, subprocess jobs) writes the .pyc of what it imports, once, and later ones load it,
+# also where PYTHONDONTWRITEBYTECODE is set; otherwise each would compile Airflow or pyspark again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from tests.support import broker as tb
 from tests.support import jvm
 from tests.support import s3 as ts3
 from tests.support.serial import SERIAL
+
+sys.dont_write_bytecode = False  # this process too (see above)
 
 pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
 # rmqs's own pytest plugin (pytest_rmqs: rmqs_* fixtures) loads through its `pytest11` entry point
