@@ -1,5 +1,6 @@
-"""Spark's Python workers in the suite's venv run the venv's compiled pyspark (tests/support/pyspark_zip.py):
-the check that the suite's speed-up still takes effect, e.g. after Spark changes its workers' PYTHONPATH."""
+"""With `rmqs spark-archive --compiled-pyspark` installed (the suite's venv: tests/support/pyspark_zip.py),
+Spark's Python workers run the venv's compiled pyspark: the check that it still takes effect, e.g.
+after Spark changes its workers' PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.pyspark_zip import MODULE
+from pyspark_rmqs.spark import pythonpath
 
 
 def test_spark_python_workers_import_the_venvs_compiled_pyspark(spark: Any) -> None:
-    if not (Path(sysconfig.get_paths()["purelib"]) / f"{MODULE}.pth").exists():
+    if not pythonpath.installed():
         pytest.skip("no suite .pth in this venv (make setup installs it)")
 
     def where(_: object) -> str:

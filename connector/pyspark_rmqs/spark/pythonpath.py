@@ -1,0 +1,80 @@
+"""Spark's Python processes import the environment's compiled pyspark instead of `pyspark.zip`'s sources.
+
+Spark starts every Python process of a session (the data source lookup, create, plan, write and
+commit runners, the task workers, a streaming query's source runner) with
+`$SPARK_HOME/python/lib/pyspark.zip` first on its PYTHONPATH. The zip holds pyspark's sources and
+no bytecode, and zipimport keeps none: each such process compiles the ~100 pyspark modules it
+imports anew, 0.8-0.9 s of CPU (`import pyspark.worker, pyspark.sql.worker.plan_data_source_read`
+from the zip: 1.24-1.38 s; from a pip-installed pyspark's compiled modules: 0.42-0.47 s). A cold
+read starts four of them one after the other before its first row.
+
+Where pyspark is pip-installed, that zip is the very pyspark beside it
+(`<site-packages>/pyspark/python/lib/pyspark.zip`): the same sources. `install()` (what
+`rmqs spark-archive --compiled-pyspark` runs, once, where the tasks run) copies this module into
+that site-packages with a `.pth` that imports it at every interpreter start of the environment; it
+moves those zip entries (and py4j's) behind the rest of `sys.path`, so the compiled modules win. A
+zip of another Spark installation (a `SPARK_HOME` of its own) is left where it is. It changes where
+the same code is loaded from, never what runs, for every Spark session of that environment, which is
+why rmqs never installs it unasked; `remove()` takes it out again.
+
+This module imports only `os` and `sys` at module level: its copy runs at every interpreter start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+MODULE = "_rmqs_compiled_pyspark"
+"""The name of the copy in site-packages and of its `.pth`."""
+
+
+def demote(path: list[str], site_packages: str) -> None:
+    """Move the zips of the pyspark installed in `site_packages` to the end of `path`, in place."""
+    lib = os.path.join(site_packages, "pyspark", "python", "lib")
+    zips = [p for p in path if p.endswith(".zip") and os.path.dirname(p) == lib]
+    for p in zips:
+        path.remove(p)
+    path.extend(zips)
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def install(site_packages: str | None = None) -> str:
+    """Copy this module and its `.pth` into `site_packages` (default: the running interpreter's);
+    return the copy's path. Raises OSError when pyspark is not installed there."""
+    import py_compile
+    from pathlib import Path
+
+    site = Path(site_packages or _site_packages())
+    if not (site / "pyspark" / "__init__.py").exists():
+        raise OSError(f"pyspark is not installed in {site}: its Python processes load it from elsewhere")
+    target = site / f"{MODULE}.py"
+    target.write_text(Path(__file__).read_text())
+    # Compiled here: the environment may run with PYTHONDONTWRITEBYTECODE, and every interpreter imports it.
+    py_compile.compile(str(target), doraise=True)
+    (site / f"{MODULE}.pth").write_text(f"import {MODULE}\n")
+    return str(target)
+
+
+def installed(site_packages: str | None = None) -> bool:
+    """Whether the `.pth` is in `site_packages` (default: the running interpreter's)."""
+    return os.path.exists(os.path.join(site_packages or _site_packages(), f"{MODULE}.pth"))
+
+
+def remove(site_packages: str | None = None) -> None:
+    """Take the `.pth` and the copy out of `site_packages` again (nothing when absent)."""
+    site = site_packages or _site_packages()
+    for name in (f"{MODULE}.pth", f"{MODULE}.py"):
+        try:
+            os.remove(os.path.join(site, name))
+        except FileNotFoundError:
+            pass
+
+
+if __name__ == MODULE:  # the copy in site-packages, imported by its .pth at interpreter start
+    demote(sys.path, os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,77 @@
+"""Spark's Python processes import compiled pyspark before pyspark.zip's sources (spark/pythonpath.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyspark_rmqs.spark import pythonpath
+from pyspark_rmqs.spark.pythonpath import demote
+
+SITE = "/venv/lib/python3.11/site-packages"
+LIB = f"{SITE}/pyspark/python/lib"
+
+
+def test_the_zips_of_the_pyspark_beside_go_last_and_everything_else_keeps_its_order() -> None:
+    path = [
+        "/job",
+        f"{LIB}/pyspark.zip",
+        f"{LIB}/py4j-0.10.9.9-src.zip",
+        f"{SITE}/pyspark/jars/spark-core_2.13-4.3.0.jar",
+        f"{LIB}/pyspark.zip",  # Spark puts them on PYTHONPATH twice
+        "/usr/lib/python311.zip",
+        SITE,
+    ]
+    demote(path, SITE)
+    assert path == [
+        "/job",
+        f"{SITE}/pyspark/jars/spark-core_2.13-4.3.0.jar",
+        "/usr/lib/python311.zip",
+        SITE,
+        f"{LIB}/pyspark.zip",
+        f"{LIB}/py4j-0.10.9.9-src.zip",
+        f"{LIB}/pyspark.zip",
+    ]
+
+
+def test_a_zip_of_another_spark_installation_stays_first() -> None:
+    other = os.path.join("/opt/spark/python/lib", "pyspark.zip")
+    path = [other, SITE]
+    demote(path, SITE)
+    assert path == [other, SITE]
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "site-packages"
+    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    return site
+
+
+def test_the_pth_it_installs_moves_the_zips_at_interpreter_start_and_remove_takes_it_out(
+    tmp_path: Path,
+) -> None:
+    site = _site(tmp_path)
+    copy = pythonpath.install(str(site))
+    assert copy == str(site / f"{pythonpath.MODULE}.py") and pythonpath.installed(str(site))
+    zip_ = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
+    # site.addsitedir reads the .pth as the interpreter's start does for its own site-packages (-S: not
+    # this venv's, which may hold a copy already).
+    probe = f"import site, sys; site.addsitedir({str(site)!r}); print(sys.path[-1] == {zip_!r})"
+    env = {**os.environ, "PYTHONPATH": zip_}
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "True", done.stderr
+    pythonpath.remove(str(site))
+    assert not pythonpath.installed(str(site)) and not Path(copy).exists()
+
+
+def test_it_refuses_an_environment_without_pyspark(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="pyspark is not installed"):
+        pythonpath.install(str(tmp_path))
+    assert not pythonpath.installed(str(tmp_path))
