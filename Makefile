@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 java:
 	@bash scripts/ensure_java.sh
 
-# Everything `make test` and `make demo` need: Java, the venv and the broker's chroot install at the
+# Everything `make demo`, `make bench` and the other tiers need: Java, the venv and the broker's chroot install at the
 # same time (each waits on the network or dpkg most of the time; apt-get calls take turns on a lock).
 # The class-data archive of Spark's classes halves the CPU of each JVM the suite starts (tests/support/jvm.py).
 prepare:
@@ -59,7 +59,10 @@ broker-status:
 # second broker, one after the other), then any `serial` test alone; it ends with the slowest 15
 # tests, the time per tier and the machine's CPU.
 TEST_WORKERS ?= 3
-test: prepare
+# Java, the venv and the broker at the same time; scripts/test.sh dumps the class-data archive beside
+# the first tests rather than before them.
+test:
+	@$(MAKE) --no-print-directory -j2 setup broker-up
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
 test-unit: setup

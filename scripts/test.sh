@@ -23,6 +23,10 @@ WORKERS=${TEST_WORKERS:-3}
 out=${RMQS_TEST_RESULTS:-.test-results}
 mkdir -p "$out"
 rm -f "$out"/*.xml
+# Spark's class-data archive (tests/support/jvm.py), when missing, is dumped beside the first tests
+# instead of before them: the JVMs started meanwhile run without it.
+"$PY" -m tests.support.jvm >/dev/null &
+dump=$!
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }
 cpu0=$(busy)
 start=$SECONDS
@@ -36,6 +40,7 @@ if "$PY" -m tests.support.serial; then  # a second phase only when there are ser
   "$PY" -m pytest -m serial --junitxml "$out/serial.xml" "$@"
   serial=$?
 fi
+wait "$dump" || echo "make test: no class-data archive was dumped (the JVMs ran without it)"
 "$PY" -m tests.support.timing "$out"/*.xml
 cpu1=$(busy)
 echo "make test: the machine's CPU over the run: $(( (cpu1 - cpu0) / $(getconf CLK_TCK) )) s on $(nproc) cores (every process: tests, JVMs, broker)"

@@ -41,9 +41,9 @@ def _mapped_bytes(archive: str) -> int:
 
 
 def test_a_local_session_rmqs_starts_maps_the_archive() -> None:
-    archive = suite_jvm.current_archive()
+    archive = suite_jvm.ensure_archive()  # waits for the dump make test started beside pytest
     if archive is None:
-        pytest.skip("no class-data archive for this venv (make test dumps one: python -m tests.support.jvm)")
+        pytest.skip("this JDK cannot dump a class-data archive")
     java_home = Path(
         subprocess.run(["readlink", "-f", "/usr/bin/java"], capture_output=True, text=True).stdout
     )

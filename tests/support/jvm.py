@@ -8,18 +8,21 @@ SparkSession that runs two small jobs took 23.6 s of JVM CPU; with `-XX:TieredSt
 (C1 only: no C2 compile threads) 11.8 s, and with the archive below as well 7.9-8.9 s.
 
 The archive (`-XX:SharedArchiveFile`, JDK 13+) is dumped once per virtualenv from a run of a small
-Spark job (`python -m tests.support.jvm`, which `make test` runs beside the broker's install; ~20-50 s;
+Spark job (`python -m tests.support.jvm`, which `make test` runs beside pytest's first tests; ~40-60 s;
 the dump is `pyspark_rmqs.spark.jvm.dump_archive`, what `rmqs spark-archive` runs) and used when it
-is there and current: a session never waits for a dump (the unit tier starts no
-JVM). A JVM whose class path or JDK differs from the dump's ignores it and starts as usual: the
-archive changes speed, never behaviour. The options reach every JVM the tests start
-through `JDK_JAVA_OPTIONS`, which the `java` launcher reads (it notes so on stderr); a value the
-user set is kept as it is. The production code never compiles C1-only; it maps an archive only for
-the local sessions rmqs itself starts, when the user dumped one (`pyspark_rmqs.spark.jvm`).
+is there and current: a session never waits for a dump. The set-up no longer waits for it either
+(it was the last 40-60 s of a fresh clone's set-up): the JVMs started while it is dumped run
+without it, and every later one maps it. A JVM whose class path or JDK differs from the dump's
+ignores it and starts as usual: the archive changes speed, never behaviour. The options reach every
+JVM the tests start through `JDK_JAVA_OPTIONS`, which the `java` launcher reads (it notes so on
+stderr); a value the user set is kept as it is. The production code never compiles C1-only; it
+maps an archive only for the local sessions rmqs itself starts, when the user dumped one
+(`pyspark_rmqs.spark.jvm`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -41,7 +44,11 @@ def current_archive() -> Path | None:
 
 def ensure_archive(timeout_s: float = 300) -> Path | None:
     """The archive for this virtualenv's Spark, dumped when missing or older than Spark's jars;
-    None when it cannot be made (a JDK without a base archive): the suite then runs without it."""
+    None when it cannot be made (a JDK without a base archive): the suite then runs without it.
+    A dump under way (`make test` starts one beside pytest) is waited for, not repeated."""
+    if current_archive():
+        return ARCHIVE
+    _wait_for_dump()
     if current_archive():
         return ARCHIVE
     t0 = time.monotonic()
@@ -54,6 +61,13 @@ def ensure_archive(timeout_s: float = 300) -> Path | None:
     return ARCHIVE
 
 
+def _wait_for_dump() -> None:
+    """Return once no dump holds the archive's lock (`dump_archive` holds it while it dumps)."""
+    ARCHIVE.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{ARCHIVE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+
+
 def java_options(archive: Path | None) -> str:
     """The JDK_JAVA_OPTIONS of the suite's JVMs."""
     return BASE_OPTIONS + (f" -XX:SharedArchiveFile={archive}" if archive else "")
@@ -63,7 +77,12 @@ def configure() -> None:
     """Set JDK_JAVA_OPTIONS for every JVM this process and its children start (unless set)."""
     if "JDK_JAVA_OPTIONS" in os.environ or os.environ.get("RMQS_TEST_JVM_DEFAULTS") == "1":
         return
-    os.environ["JDK_JAVA_OPTIONS"] = java_options(current_archive())
+    archive = current_archive()
+    if archive is None and not ARCHIVE.exists():
+        # Being dumped beside the run (scripts/test.sh): a JVM started before the file appears (whole,
+        # by a rename) finds none and starts without class-data sharing; every later one maps it.
+        archive = ARCHIVE
+    os.environ["JDK_JAVA_OPTIONS"] = java_options(archive)
 
 
 if __name__ == "__main__":
