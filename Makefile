@@ -13,7 +13,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # is set (tests/conftest.py does the same for a pytest run by hand).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup prepare java test test-unit test-containers test-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
+.PHONY: setup prepare java warm test test-unit test-containers test-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
 
 setup: java $(STAMP)
 
@@ -59,11 +59,18 @@ broker-status:
 # second broker, one after the other), then any `serial` test alone; it ends with the slowest 15
 # tests, the time per tier and the machine's CPU.
 TEST_WORKERS ?= 3
-# Java, the venv and the broker at the same time; scripts/test.sh dumps the class-data archive beside
-# the first tests rather than before them.
+# Java, the venv and the broker at the same time, and `warm` once the venv is there; pytest does not
+# wait for the class-data archive (scripts/test.sh waits for it at the end).
 test:
-	@$(MAKE) --no-print-directory -j2 setup broker-up
+	@$(MAKE) --no-print-directory -j3 setup broker-up warm
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
+
+# While the broker's chroot is installed (dpkg and the network, a core to spare): start dumping Spark's
+# class-data archive, and collect the suite once, which writes the .pyc of everything its processes
+# import (Airflow, Dagster, pyspark...) before three xdist workers would each compile it at once.
+warm: $(STAMP)
+	@($(PY) -m tests.support.jvm >/dev/null 2>&1 &)
+	@$(PY) -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 || true
 
 test-unit: setup
 	$(PY) -m pytest -n 2 tests/unit $(PYTEST_ARGS)

@@ -24,7 +24,8 @@ out=${RMQS_TEST_RESULTS:-.test-results}
 mkdir -p "$out"
 rm -f "$out"/*.xml
 # Spark's class-data archive (tests/support/jvm.py), when missing, is dumped beside the first tests
-# instead of before them: the JVMs started meanwhile run without it.
+# instead of before them (or waited for, when `make test` started dumping it): the JVMs started
+# meanwhile run without it.
 "$PY" -m tests.support.jvm >/dev/null &
 dump=$!
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8; exit}' /proc/stat; }

@@ -9,6 +9,7 @@ sleep), and last a plain `N passed, N failed, N skipped` line over all of them.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -51,6 +52,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.user_properties.append(("file", item.nodeid.split("::", 1)[0]))
         item.user_properties.append(("cpu_s", round(max(0.0, _tree_cpu() - cpu0), 3)))
         item.user_properties.append(("wall_s", round(time.monotonic() - t0, 3)))
+        # When and where it ran, to lay the run out in time (which worker waited, and when).
+        item.user_properties.append(("started", round(time.time() - (time.monotonic() - t0), 1)))
+        item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
     yield
 
 
