@@ -1,6 +1,6 @@
 """One Airflow read task end to end, in a new process: Spark (local) against the Spark-free consume.
 
-    .venv/bin/python -m bench.airflow_read [--messages N] [--rounds 3] [--no-archive]
+    .venv/bin/python -m bench.airflow_read [--messages N] [--rounds 3] [--no-archive] [--zip-pyspark]
 
 A 3-partition super stream of N 100-byte messages (rstream `send_batch` of 1,000, as producers make
 them). Each round runs, in a new Python process as an Airflow worker runs a task, once each:
@@ -11,7 +11,9 @@ them). Each round runs, in a new Python process as an Airflow worker runs a task
 each with a new consumer name, from `execute()`'s start to its return (the watermark stored). The
 process's own start (Python, Airflow's and the operator's imports) is printed apart. The Spark task
 maps Spark's class-data archive when `rmqs spark-archive` dumped one (`make bench` uses the one
-`make prepare` dumps), `--no-archive` to see it without. Prints, best of the rounds:
+`make prepare` dumps), `--no-archive` to see it without; Spark's Python processes import the venv's
+compiled pyspark where `rmqs spark-archive --compiled-pyspark` ran (the suite's venv), `--zip-pyspark`
+to see them compile pyspark.zip as by default. Prints, best of the rounds:
 `airflow read task, 100,000 messages into Parquet: spark 12.3 s (session 5.1 s), consume 2.0 s: 6.1x`.
 """
 
@@ -30,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bench.common import REPO, connection, fill_batches, temp_super_stream
+from pyspark_rmqs.spark import pythonpath
 
 PARTITIONS = 3
 
@@ -57,9 +60,11 @@ def _child(kind: str, superstream: str, out: str, uri: str) -> None:
     print("bench-result " + json.dumps(result))
 
 
-def _run(kind: str, superstream: str, uri: str, archive: bool) -> dict[str, Any]:
+def _run(kind: str, superstream: str, uri: str, archive: bool, zip_pyspark: bool) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("JDK_JAVA_OPTIONS", None)
+    if zip_pyspark:
+        env[pythonpath.OFF_ENV] = "off"
     if archive:
         env.setdefault("RMQS_SPARK_CLASS_ARCHIVE", str(Path(sys.prefix) / "rmqs-spark-classes.jsa"))
     else:
@@ -87,6 +92,11 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-archive", action="store_true", help="the Spark task without the class-data archive")
+    ap.add_argument(
+        "--zip-pyspark",
+        action="store_true",
+        help="Spark's Python processes compile pyspark.zip (as with no --compiled-pyspark)",
+    )
     ap.add_argument("--child", nargs=4, metavar=("KIND", "SUPERSTREAM", "OUT", "URI"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -103,7 +113,7 @@ def main() -> None:
         best: dict[str, dict[str, Any]] = {}
         for _ in range(args.rounds):
             for kind in ("spark", "consume"):
-                got = _run(kind, name, uri, archive=not args.no_archive)
+                got = _run(kind, name, uri, archive=not args.no_archive, zip_pyspark=args.zip_pyspark)
                 assert got["rows"] == n, f"{kind}: read {got['rows']} of {n}"
                 print(
                     f"{kind}: execute {got['execute_s']:.2f} s, imports {got['imports_s']:.2f} s, "
@@ -114,6 +124,8 @@ def main() -> None:
                     best[kind] = got
     spark, plain = best["spark"]["execute_s"], best["consume"]["execute_s"]
     archive = "without the class-data archive" if args.no_archive else "with the class-data archive"
+    compiled = pythonpath.installed() and not args.zip_pyspark
+    archive += ", compiled pyspark" if compiled else ", pyspark.zip"
     print(
         f"airflow read task, {n:,} messages into Parquet (new process, {archive}): "
         f"spark {spark:.1f} s, consume {plain:.1f} s: {spark / plain:.1f}x",

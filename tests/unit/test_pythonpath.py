@@ -67,6 +67,11 @@ def test_the_pth_it_installs_moves_the_zips_at_interpreter_start_and_remove_take
         [sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "True", done.stderr
+    off = {**env, pythonpath.OFF_ENV: "off"}
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe], env=off, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False", "RMQS_COMPILED_PYSPARK=off leaves the path as it is"
     pythonpath.remove(str(site))
     assert not pythonpath.installed(str(site)) and not Path(copy).exists()
 

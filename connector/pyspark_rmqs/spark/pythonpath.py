@@ -15,7 +15,8 @@ that site-packages with a `.pth` that imports it at every interpreter start of t
 moves those zip entries (and py4j's) behind the rest of `sys.path`, so the compiled modules win. A
 zip of another Spark installation (a `SPARK_HOME` of its own) is left where it is. It changes where
 the same code is loaded from, never what runs, for every Spark session of that environment, which is
-why rmqs never installs it unasked; `remove()` takes it out again.
+why rmqs never installs it unasked; `remove()` takes it out again, and `RMQS_COMPILED_PYSPARK=off`
+in a process's environment turns it off for that process and the Spark processes it starts.
 
 This module imports only `os` and `sys` at module level: its copy runs at every interpreter start.
 """
@@ -27,6 +28,8 @@ import sys
 
 MODULE = "_rmqs_compiled_pyspark"
 """The name of the copy in site-packages and of its `.pth`."""
+OFF_ENV = "RMQS_COMPILED_PYSPARK"
+"""`off` in a process's environment (inherited by the Spark processes it starts) turns the move off."""
 
 
 def demote(path: list[str], site_packages: str) -> None:
@@ -76,5 +79,5 @@ def remove(site_packages: str | None = None) -> None:
             pass
 
 
-if __name__ == MODULE:  # the copy in site-packages, imported by its .pth at interpreter start
+if __name__ == MODULE and os.environ.get(OFF_ENV) != "off":  # the copy, imported by its .pth
     demote(sys.path, os.path.dirname(os.path.abspath(__file__)))
