@@ -125,9 +125,9 @@ def main() -> None:
     spark, plain = best["spark"]["execute_s"], best["consume"]["execute_s"]
     archive = "without the class-data archive" if args.no_archive else "with the class-data archive"
     compiled = pythonpath.installed() and not args.zip_pyspark
-    archive += ", compiled pyspark" if compiled else ", pyspark.zip"
+    pyspark_from = "compiled pyspark" if compiled else "pyspark.zip"
     print(
-        f"airflow read task, {n:,} messages into Parquet (new process, {archive}): "
+        f"airflow read task, {n:,} messages into Parquet (new process, {archive}, {pyspark_from}): "
         f"spark {spark:.1f} s, consume {plain:.1f} s: {spark / plain:.1f}x",
         flush=True,
     )

@@ -8,7 +8,8 @@ SparkSession that runs two small jobs took 23.6 s of JVM CPU; with `-XX:TieredSt
 (C1 only: no C2 compile threads) 11.8 s, and with the archive below as well 7.9-8.9 s.
 
 The archive (`-XX:SharedArchiveFile`, JDK 13+) is dumped once per virtualenv from a run of a small
-Spark job (`python -m tests.support.jvm`, which `make test` runs beside pytest's first tests; ~40-60 s;
+Spark job (`python -m tests.support.jvm`, which `make test` starts once the venv is installed;
+~40-110 s;
 the dump is `pyspark_rmqs.spark.jvm.dump_archive`, what `rmqs spark-archive` runs) and used when it
 is there and current: a session never waits for a dump. The set-up no longer waits for it either
 (it was the last 40-60 s of a fresh clone's set-up): the JVMs started while it is dumped run
@@ -22,7 +23,6 @@ maps an archive only for the local sessions rmqs itself starts, when the user du
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -48,7 +48,7 @@ def ensure_archive(timeout_s: float = 300) -> Path | None:
     A dump under way (`make test` starts one beside pytest) is waited for, not repeated."""
     if current_archive():
         return ARCHIVE
-    _wait_for_dump()
+    spark_jvm.wait_for_dump(ARCHIVE)
     if current_archive():
         return ARCHIVE
     t0 = time.monotonic()
@@ -59,13 +59,6 @@ def ensure_archive(timeout_s: float = 300) -> Path | None:
         return None
     print(f"jvm: dumped {ARCHIVE} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return ARCHIVE
-
-
-def _wait_for_dump() -> None:
-    """Return once no dump holds the archive's lock (`dump_archive` holds it while it dumps)."""
-    ARCHIVE.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{ARCHIVE}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
 
 
 def java_options(archive: Path | None) -> str:

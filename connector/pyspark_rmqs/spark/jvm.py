@@ -88,7 +88,7 @@ def dump_archive(path: Path | None = None, timeout_s: float = 600) -> Path:
     if path is None:
         raise RuntimeError(f"{ARCHIVE_ENV}=off: no archive to dump")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
+    with open(_lock_path(path), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
@@ -106,6 +106,17 @@ def dump_archive(path: Path | None = None, timeout_s: float = 600) -> Path:
             raise RuntimeError(f"the JVM dumped no class-data archive: {done.stderr[-500:].strip()}")
         partial.rename(path)  # written at the JVM's exit: newer than the jars, so current
     return path
+
+
+def wait_for_dump(path: Path) -> None:
+    """Return once no `dump_archive` of `path` is under way (it holds the lock while it dumps)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(_lock_path(path), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+
+
+def _lock_path(path: Path) -> str:
+    return f"{path}.lock"
 
 
 def _jars_folder() -> Path:
