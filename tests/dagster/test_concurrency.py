@@ -30,7 +30,13 @@ RUN = textwrap.dedent(
     endpoints, user, password, stream = sys.argv[1:5]
 
     def slow_sink(batch):
-        time.sleep(4)  # the other run, started meanwhile, must wait for the pool's slot
+        # Hold the pool's slot until the other run's step waits for it (or 120 s): the two runs then
+        # overlap whatever each process's start costs, instead of for a fixed few seconds.
+        deadline = time.monotonic() + 120
+        while batch.num_rows and time.monotonic() < deadline:
+            if instance.event_log_storage.get_concurrency_info("rmqs-dgc").pending_step_count:
+                return
+            time.sleep(0.2)
 
     asset = build_stream_asset("pooled", stream=stream, consumer_name="dgc", sink=slow_sink, engine="arrow")
     rabbitmq = RabbitMQStreamsResource(endpoints=endpoints, username=user, password=password)

@@ -12,6 +12,10 @@ class FakeClient:
     def __init__(self) -> None:
         self.alive = True
         self.closed = False
+        self.in_use = False
+
+    def busy(self) -> bool:
+        return self.in_use
 
     def is_connection_alive(self) -> bool:
         return self.alive
@@ -49,6 +53,33 @@ def test_acquire_reuses_released_connections_and_evicts_idle(monkeypatch) -> Non
         pool.release(Conn(), c)  # type: ignore[arg-type]
         d = await pool.acquire(Conn())
         assert d is not c
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_locator_is_closed_too_but_never_one_with_a_request_under_way(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A reused Spark Python worker keeps its pool while it lives: its metadata connection must not
+    outlive IDLE_SECONDS either (the soak saw two such sockets held after the query stopped)."""
+    made: list[FakeClient] = []
+
+    async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
+        made.append(FakeClient())
+        return made[-1]
+
+    monkeypatch.setattr(pool_module, "connect", fake_connect)
+
+    async def scenario() -> None:
+        pool = ConnectionPool()
+        a = await pool.locator(Conn())
+        assert await pool.locator(Conn()) is a  # shared while in use
+        assert await pool.evict_idle() == 0 and not a.closed  # used just now
+        a.in_use = True  # a request awaits its answer (or a probe is subscribed)
+        assert await pool.evict_idle(now=10**9) == 0 and not a.closed
+        a.in_use = False
+        assert await pool.evict_idle(now=10**9) == 1 and a.closed
+        b = await pool.locator(Conn())
+        assert b is not a and len(made) == 2  # reopened on the next use
         await pool.close()
 
     asyncio.run(scenario())

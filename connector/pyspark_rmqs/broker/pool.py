@@ -3,11 +3,10 @@
 Metadata calls share one "locator" connection per settings (on the seeds), and probes that must
 subscribe share one per node of a cluster; readers and writers borrow a dedicated connection (one
 socket each, so partitions do not contend) to the node their role wants (placement.py), or to the
-seeds, and return it. Idle
-connections are closed after `IDLE_SECONDS` (60 s, or the environment's `RMQS_POOL_IDLE_SECONDS`:
-the pool is per process, so a process-wide setting, not a read option). A forked Python worker
-starts with an empty pool: sockets and the loop thread do not survive a fork. All methods run on one
-event loop.
+seeds, and return it. Idle connections, the shared ones included, are closed after `IDLE_SECONDS`
+(60 s, or the environment's `RMQS_POOL_IDLE_SECONDS`: the pool is per process, so a process-wide
+setting, not a read option). A forked Python worker starts with an empty pool: sockets and the loop
+thread do not survive a fork. All methods run on one event loop.
 """
 
 from __future__ import annotations
@@ -49,6 +48,9 @@ IDLE_SECONDS = idle_seconds()
 class ConnectionPool:
     def __init__(self) -> None:
         self._locators: dict[Any, RmqsClient] = {}
+        # key -> when a caller last took that locator: one idle as long as a borrowed connection is
+        # closed too (a reused Spark Python worker would otherwise hold it while it lives)
+        self._locator_used: dict[Any, float] = {}
         self._lookups: dict[Any, Lookups] = {}
         self._idle: dict[Any, list[tuple[float, RmqsClient]]] = defaultdict(list)
         self._locks: dict[Any, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -67,6 +69,7 @@ class ConnectionPool:
                 client = await connect(conn, "rmqs-locator", node)
                 self._locators[key] = client
                 self._reached.add(conn.cache_key())
+            self._locator_used[key] = time.monotonic()
             self._start_reaper()
             return client
 
@@ -80,6 +83,7 @@ class ConnectionPool:
 
     async def drop_locator(self, conn: Any, node: Node | None = None) -> None:
         client = self._locators.pop((conn.cache_key(), node), None)
+        self._locator_used.pop((conn.cache_key(), node), None)
         if client is not None:
             await _close(client)
 
@@ -116,6 +120,12 @@ class ConnectionPool:
     async def evict_idle(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         closed = 0
+        for key, client in list(self._locators.items()):
+            # a locator with a request or probe subscription under way is in use whatever its age
+            if now - self._locator_used.get(key, now) >= IDLE_SECONDS and not client.busy():
+                del self._locators[key]
+                await _close(client)
+                closed += 1
         for key, items in list(self._idle.items()):
             keep = [(t, c) for t, c in items if now - t < IDLE_SECONDS and c.is_connection_alive()]
             for t, c in items:
@@ -133,6 +143,7 @@ class ConnectionPool:
             for _, c in items:
                 await _close(c)
         self._locators.clear()
+        self._locator_used.clear()
         self._idle.clear()
         self._nodes.clear()
 

@@ -395,6 +395,10 @@ class RmqsClient(Client):
         assert self._conn is not None
         await self._conn._write_frame_raw(frame)
 
+    def busy(self) -> bool:
+        """A request awaits its answer, or a subscription is open: closing it now would break a caller."""
+        return bool(self._waiters) or bool(self.deliver_sinks)
+
     def _dispatch(self, chunk: Chunk) -> None:
         sink = self.deliver_sinks.get(chunk.subscription_id)
         if sink is not None:
