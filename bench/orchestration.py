@@ -245,7 +245,12 @@ class Ticker:
 
 
 def watchers(
-    superstreams: list[str], count: int, polls: int, interval: float, counter: ConnectCounter
+    superstreams: list[str],
+    count: int,
+    polls: int,
+    interval: float,
+    counter: ConnectCounter,
+    freeze: bool = False,
 ) -> None:
     from airflow_rmqs.triggers import RabbitMQStreamNewDataTrigger
 
@@ -276,6 +281,9 @@ def watchers(
             async for _event in t.run():
                 pass
 
+        if freeze:  # the set-up heap out of full collections: the most freezing can give (docs/operations.md)
+            gc.collect()
+            gc.freeze()
         ticker = Ticker()
         tick_task = asyncio.create_task(ticker.run())
         collections = FullCollections()
@@ -367,6 +375,11 @@ def main() -> None:
     ap.add_argument("--superstreams", type=int, default=10, help="super streams the watchers share")
     ap.add_argument("--polls", type=int, default=5)
     ap.add_argument("--poll-interval", type=float, default=2.0)
+    ap.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() once the watchers' process is set up, before they start (docs/operations.md)",
+    )
     args = ap.parse_args()
     conn = connection()
     airflow_connection(conn)
@@ -375,7 +388,7 @@ def main() -> None:
     names = setup(conn, args.partitions, min(args.superstreams, args.watchers) if args.watchers else 1)
     try:
         if args.watchers:
-            watchers(names, args.watchers, args.polls, args.poll_interval, counter)
+            watchers(names, args.watchers, args.polls, args.poll_interval, counter, args.gc_freeze)
         else:
             print(f"{args.partitions} partitions:", flush=True)
             trigger_checks(conn, names[0], args.checks, counter, args.changed)

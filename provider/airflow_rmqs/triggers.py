@@ -96,7 +96,12 @@ class _WatermarkPolling:
         return await self._hook.awatermarks(self.consumer_name, **self.target.kw(), polling=True)
 
     async def _checks(self) -> AsyncIterator[Watermarks]:
-        """One snapshot per poll; retryable errors wait for the next poll, the others raise."""
+        """One snapshot per poll; retryable errors wait for the next poll, the others raise.
+
+        Callers drop each snapshot before the next wait: a snapshot (one object per partition) alive
+        through the interval is alive at the loop's next generation-1 collection, so CPython promotes
+        it to the oldest generation, and a triggerer's many watchers then add up to full collections
+        of the whole process that stop its loop (bench.orchestration --watchers, #33)."""
         while True:
             try:
                 yield await self.check()
@@ -141,13 +146,16 @@ class RabbitMQStreamNewDataTrigger(_WatermarkPolling, BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         fired: dict[str, int] | None = None
         async for w in self._checks():
-            if w.total_lag < self.min_messages:
-                continue
-            tails = w.tails()
-            if fired is not None and all(t <= fired.get(s, -1) for s, t in tails.items()):
-                continue  # the same pending data as the last event: wait for new messages
-            fired = tails
-            yield TriggerEvent({"status": "success", **watermark_payload(w)})
+            event = None
+            if w.total_lag >= self.min_messages:
+                tails = w.tails()
+                # the same pending data as the last event: wait for new messages
+                if fired is None or any(t > fired.get(s, -1) for s, t in tails.items()):
+                    fired = tails
+                    event = TriggerEvent({"status": "success", **watermark_payload(w)})
+            del w  # see _WatermarkPolling._checks: not held through the poll interval
+            if event is not None:
+                yield event
 
 
 class RabbitMQStreamLagTrigger(_WatermarkPolling, BaseTrigger):
@@ -175,6 +183,9 @@ class RabbitMQStreamLagTrigger(_WatermarkPolling, BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         async for w in self._checks():
-            if w.total_lag <= self.max_lag:
-                yield TriggerEvent({"status": "success", **watermark_payload(w)})
+            done = w.total_lag <= self.max_lag
+            event = TriggerEvent({"status": "success", **watermark_payload(w)}) if done else None
+            del w  # see _WatermarkPolling._checks: not held through the poll interval
+            if event is not None:
+                yield event
                 return

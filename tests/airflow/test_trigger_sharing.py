@@ -26,7 +26,7 @@ from tests.support.data import publish
 
 pytestmark = pytest.mark.airflow
 
-SUBSCRIBE, QUERY_OFFSET, STREAM_STATS = 0x0007, 0x000B, 0x001C
+SUBSCRIBE, QUERY_OFFSET, PARTITIONS, STREAM_STATS = 0x0007, 0x000B, 0x0019, 0x001C
 
 
 class Wire:
@@ -70,6 +70,7 @@ def delta(before: tuple[Counter[int], int], after: tuple[Counter[int], int]) -> 
         "stats": sent[STREAM_STATS],
         "offsets": sent[QUERY_OFFSET],
         "subscriptions": sent[SUBSCRIBE],
+        "partitions": sent[PARTITIONS],
         "connections": after[1] - before[1],
     }
 
@@ -83,9 +84,9 @@ def test_triggers_on_one_loop_share_the_connection_and_ask_once_per_stream_per_p
     broker: BrokerSettings, streams: Any, wire: Wire
 ) -> None:
     """12 lag triggers (12 consumer names) on a 4-partition super stream, started apart, as a
-    triggerer starts them: after their first checks, each poll sends 4 StreamStats (not 48), no
-    QueryOffset while no watermark moved, no new connection; a publish to one partition costs one
-    tail subscription, not one per trigger."""
+    triggerer starts them: after their first checks, each poll sends one PartitionsQuery and 4
+    StreamStats (not 12 and 48), no QueryOffset while no watermark moved, no new connection; a
+    publish to one partition costs one tail subscription, not one per trigger."""
     name, parts = streams.super_stream(4)
     for p in parts:
         publish(broker, p, [b"x"] * 3)
@@ -121,10 +122,16 @@ def test_triggers_on_one_loop_share_the_connection_and_ask_once_per_stream_per_p
         return steady, changed
 
     steady, changed = asyncio.run(scenario())
-    assert steady == {"stats": 4 * polls, "offsets": 0, "subscriptions": 0, "connections": 0}
+    assert steady == {
+        "stats": 4 * polls,
+        "offsets": 0,
+        "subscriptions": 0,
+        "partitions": polls,
+        "connections": 0,
+    }
     # The changed partition: its tail measured once, and the stored offsets of its 12 consumers
     # asked again (the chunk ids moved); the other partitions: StreamStats only.
-    assert changed == {"stats": 4, "offsets": 12, "subscriptions": 1, "connections": 0}
+    assert changed == {"stats": 4, "offsets": 12, "subscriptions": 1, "partitions": 1, "connections": 0}
 
 
 def test_polling_checks_stay_exact_while_messages_and_watermarks_move(

@@ -74,6 +74,52 @@ def test_polling_waits_out_retryable_errors_and_ends_on_the_others() -> None:
         asyncio.run(first_event(scripted(ConfigurationError("bad"), ready)))
 
 
+@pytest.mark.parametrize("kind", ["new-data", "lag"])
+def test_a_trigger_holds_no_snapshot_while_it_waits_for_its_next_poll(kind: str) -> None:
+    """A check's snapshot (one object per partition) must die before the wait: held through the poll
+    interval it is promoted to CPython's oldest generation, and a triggerer's watchers then add up to
+    full collections that stop its loop (#33)."""
+    import gc
+    import weakref
+
+    from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
+
+    refs: list[weakref.ref[Watermarks]] = []
+    waits: list[bool] = []
+
+    if kind == "new-data":
+        trigger: Any = RabbitMQStreamNewDataTrigger(stream="s", consumer_name="etl", poll_interval=0.05)
+    else:
+        trigger = RabbitMQStreamLagTrigger(stream="s", consumer_name="etl", max_lag=0, poll_interval=0.05)
+
+    async def check() -> Watermarks:
+        if refs:  # the previous snapshot is gone by the time the next poll starts
+            waits.append(refs[-1]() is None)
+        w = Watermarks("s", "etl", False, (PartitionWatermark("s", 0, 3 + len(refs), None),))
+        refs.append(weakref.ref(w))
+        return w
+
+    trigger.check = check
+
+    async def drain() -> None:
+        async for _event in trigger.run():  # the new-data trigger fires at every check (tails grow)
+            pass
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(drain())
+        while len(refs) < 4:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    gc.disable()  # only references count, not a collection that happens to run
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
+    assert len(waits) >= 3 and all(waits), waits
+
+
 async def first_event(trigger: BaseTrigger, timeout: float = 20) -> dict[str, Any]:
     gen = trigger.run()
     try:

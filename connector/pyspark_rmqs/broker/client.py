@@ -167,9 +167,19 @@ class AsyncBrokerClient:
         return bool(await self._call(f"stream_exists({stream})", lambda c: c.stream_exists(stream)))
 
     async def partitions(self, superstream: str) -> list[str]:
-        """The partition streams of a super stream, in the broker's order (which hash routing uses)."""
+        """The partition streams of a super stream, in the broker's order (which hash routing uses).
+
+        One query for every caller on this loop that asks before it is written (`Lookups.partitions`):
+        a triggerer's watchers of one super stream ask once per poll."""
+        what = f"partitions({superstream})"
+        since = time.monotonic()
+        lookups = get_pool().lookups(self.conn)
+
+        async def query() -> Any:
+            return await self._call(what, lambda c: c.partitions(superstream))
+
         try:
-            parts = await self._call(f"partitions({superstream})", lambda c: c.partitions(superstream))
+            parts = await lookups.partitions(superstream, since, query)
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"super stream '{superstream}' does not exist") from e
         if not parts:

@@ -13,6 +13,9 @@ check is one request per partition and kind; what can be saved is everything aro
   broker answers a connection's requests in order, so such an answer is as fresh as one the check
   would have sent itself: results stay exact, and triggers that poll together (they align their
   polls to the clock, see `airflow_rmqs.triggers`) fetch each stream's stats once per poll.
+* Partitions of a super stream (`partitions`): one PartitionsQuery for the checks that asked
+  before it was written, however many watch that super stream (written from a task on the next
+  loop iteration, so the askers of one poll share it; a failed one is never joined).
 * Tails (`TailCache`): a broker before 4.3 reports no committed offset in StreamStats, so the tail
   takes a subscription that delivers the stream's last chunk, 1.1-1.7 ms of the broker's CPU per
   stream (measured). Polling checks may reuse a tail while the stream's first and committed chunk
@@ -31,7 +34,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark_rmqs.broker.protocol import Batch, RmqsClient
 
@@ -47,6 +50,7 @@ and created again under the same name that reached the same chunk ids, which ids
 TOPOLOGY_REUSE_S = 60.0
 """How long the streams found led from the metadata connection's node stay known (Metadata)."""
 _FORGET_S = 5.0  # answers older are dropped (joins happen within a poll): they are GC work
+T = TypeVar("T")
 
 
 class Lookups:
@@ -64,6 +68,8 @@ class Lookups:
         self.tails = TailCache()
         self.offsets = OffsetCache()
         self._led_here: dict[str, tuple[bool, float]] = {}
+        # super stream -> (written at (inf until its task runs), the query's task)
+        self._partitions: dict[str, tuple[float, asyncio.Task[Any]]] = {}
         self._topology_lock = asyncio.Lock()
         self.probes = asyncio.Semaphore(16)  # tail subscriptions at a time: 256 ids per connection
 
@@ -124,6 +130,24 @@ class Lookups:
             raise
         return [(b.values[i], b.errors[i]) for b, i in slots]
 
+    async def partitions(self, superstream: str, since: float, query: Callable[[], Awaitable[T]]) -> T:
+        """`query()` (the partitions of `superstream`), joined with one written at or after `since`."""
+        hit = self._partitions.get(superstream)
+        if hit is None or hit[0] < since or _failed(hit[1]):
+            loop = asyncio.get_running_loop()
+            now = time.monotonic()
+            self._partitions = {k: v for k, v in self._partitions.items() if v[0] > now - _FORGET_S}
+
+            async def written() -> T:  # runs on the next loop iteration: every asker of this one joins
+                if self._partitions.get(superstream, (0.0, None))[1] is task:
+                    self._partitions[superstream] = (time.monotonic(), task)
+                return await query()
+
+            task = loop.create_task(written())
+            task.add_done_callback(_retrieved)
+            hit = self._partitions[superstream] = (math.inf, task)
+        return await asyncio.shield(hit[1])
+
     async def leader_here(self, streams: Sequence[str]) -> set[str]:
         """The streams whose StreamStats the metadata connection's node answers from the leader:
         it has no replica, or its leader is on that node. One Metadata request for the streams not
@@ -153,6 +177,16 @@ class Lookups:
                     led = topo.leader is not None and (not topo.replicas or topo.leader == here)
                     self._led_here[s] = (led, expires)
         return {s for s in streams if self._led_here.get(s, (False, 0.0))[0]}
+
+
+def _failed(task: asyncio.Task[Any]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Its askers re-raise the error; asyncio must not also log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 class OffsetCache:

@@ -1,0 +1,93 @@
+"""`Lookups.partitions`: one PartitionsQuery per super stream for the checks that asked before it was
+written, never a stale or failed one for a check that began after it (the rule of every lookup)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pyspark_rmqs.broker.lookups import Lookups
+
+
+class Broker:
+    """Answers each query with the partitions it holds when the query is written."""
+
+    def __init__(self) -> None:
+        self.parts = ["ss-0", "ss-1"]
+        self.queries = 0
+        self.fail_next = False
+
+    async def query(self) -> list[str]:
+        self.queries += 1
+        answer = list(self.parts)
+        await asyncio.sleep(0.01)  # on the wire
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("connection lost")
+        return answer
+
+
+def lookups() -> Lookups:
+    async def no_locator() -> object:
+        raise AssertionError("partitions() goes through the query it is given")
+
+    return Lookups(no_locator)  # type: ignore[arg-type]
+
+
+def test_checks_that_ask_together_share_one_query() -> None:
+    async def scenario() -> None:
+        lk, broker = lookups(), Broker()
+        since = time.monotonic()
+        answers = await asyncio.gather(*(lk.partitions("ss", since, broker.query) for _ in range(10)))
+        assert broker.queries == 1
+        assert answers == [["ss-0", "ss-1"]] * 10
+
+    asyncio.run(scenario())
+
+
+def test_a_check_that_began_after_the_query_was_written_sends_its_own() -> None:
+    async def scenario() -> None:
+        lk, broker = lookups(), Broker()
+        first = asyncio.ensure_future(lk.partitions("ss", time.monotonic(), broker.query))
+        await asyncio.sleep(0.001)  # the first query is written (its task ran) ...
+        broker.parts.append("ss-2")  # ... then a partition is added ...
+        later = await lk.partitions("ss", time.monotonic(), broker.query)  # ... then this check begins
+        assert later == ["ss-0", "ss-1", "ss-2"] and broker.queries == 2
+        assert await first == ["ss-0", "ss-1"]
+        # another super stream is its own query
+        await lk.partitions("other", time.monotonic(), broker.query)
+        assert broker.queries == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_query_fails_its_askers_and_is_never_joined_again() -> None:
+    async def scenario() -> None:
+        lk, broker = lookups(), Broker()
+        broker.fail_next = True
+        since = time.monotonic()
+        results = await asyncio.gather(
+            *(lk.partitions("ss", since, broker.query) for _ in range(3)), return_exceptions=True
+        )
+        assert [type(r) for r in results] == [ConnectionError] * 3 and broker.queries == 1
+        assert await lk.partitions("ss", since, broker.query) == ["ss-0", "ss-1"]  # same `since`: a new one
+        assert broker.queries == 2
+
+    asyncio.run(scenario())
+
+
+def test_an_asker_cancelled_does_not_cancel_the_query_of_the_others() -> None:
+    async def scenario() -> None:
+        lk, broker = lookups(), Broker()
+        since = time.monotonic()
+        first = asyncio.ensure_future(lk.partitions("ss", since, broker.query))
+        second = asyncio.ensure_future(lk.partitions("ss", since, broker.query))
+        await asyncio.sleep(0.001)
+        first.cancel()
+        assert await second == ["ss-0", "ss-1"] and broker.queries == 1
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(scenario())
