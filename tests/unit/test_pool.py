@@ -113,3 +113,37 @@ def test_the_suite_runs_with_a_short_idle_time_set_before_the_pool_was_imported(
 
     configured = float(os.environ["RMQS_POOL_IDLE_SECONDS"])
     assert configured == pool_module.IDLE_SECONDS
+
+
+def test_a_connection_handed_out_while_idle_ones_close_is_never_filed_back_as_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`evict_idle` awaits each close: an `acquire` in that window takes a fresh idle connection, which
+    must stay taken (filed back, a second writer got the same connection and the broker refused its
+    publisher id as already taken: seen in a fresh-clone run)."""
+    made: list[FakeClient] = []
+
+    async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
+        made.append(FakeClient())
+        return made[-1]
+
+    monkeypatch.setattr(pool_module, "connect", fake_connect)
+
+    class SlowClose(FakeClient):
+        async def close(self) -> None:
+            await asyncio.sleep(0.05)  # the broker's close handshake
+            await super().close()
+
+    async def scenario() -> None:
+        pool = ConnectionPool()
+        old, fresh = SlowClose(), FakeClient()
+        pool.release(Conn(), old)  # type: ignore[arg-type]
+        pool._idle[(Conn().cache_key(), None)] = [(0.0, old), (10**9 - 1.0, fresh)]  # type: ignore[list-item]
+        eviction = asyncio.ensure_future(pool.evict_idle(now=10**9))
+        await asyncio.sleep(0.01)  # the eviction is closing `old`
+        taken = await pool.acquire(Conn())
+        assert taken is fresh
+        assert await eviction == 1 and old.closed
+        again = await pool.acquire(Conn())
+        assert again is not taken  # a new connection, not the one in use
+        await pool.close()
+
+    asyncio.run(scenario())

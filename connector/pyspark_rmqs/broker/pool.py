@@ -127,13 +127,21 @@ class ConnectionPool:
                 await _close(client)
                 closed += 1
         for key, items in list(self._idle.items()):
-            keep = [(t, c) for t, c in items if now - t < IDLE_SECONDS and c.is_connection_alive()]
+            keep: list[tuple[float, RmqsClient]] = []
+            drop: list[RmqsClient] = []
             for t, c in items:
-                if (t, c) not in keep:
-                    self._nodes.pop(c, None)
-                    await _close(c)
-                    closed += 1
+                if now - t < IDLE_SECONDS and c.is_connection_alive():
+                    keep.append((t, c))
+                else:
+                    drop.append(c)
+            # The idle list is replaced before the first await: `acquire` and `release` run while a
+            # connection closes, and one handed out meanwhile must not be filed back as idle (two
+            # writers on one connection: the broker refused the second's publisher id as taken).
             self._idle[key] = keep
+            for c in drop:
+                self._nodes.pop(c, None)
+                await _close(c)
+                closed += 1
         return closed
 
     async def close(self) -> None:
