@@ -68,6 +68,7 @@ class Lookups:
         self.tails = TailCache()
         self.offsets = OffsetCache()
         self._led_here: dict[str, tuple[bool, float]] = {}
+        self._led_by: RmqsClient | None = None  # the metadata connection `_led_here` is about
         # super stream -> (written at (inf until its task runs), the query's task)
         self._partitions: dict[str, tuple[float, asyncio.Task[Any]]] = {}
         self._topology_lock = asyncio.Lock()
@@ -156,9 +157,12 @@ class Lookups:
 
         now = time.monotonic()
         async with self._topology_lock:
+            client = await self._locator()
+            if client is not self._led_by:  # reopened (idle, or lost): maybe on another node
+                self._led_here.clear()
+                self._led_by = client
             unknown = [s for s in streams if self._led_here.get(s, (False, 0.0))[1] < now]
             if unknown:
-                client = await self._locator()
                 from rstream import schema
 
                 response = await client.sync_request(

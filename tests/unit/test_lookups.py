@@ -1,5 +1,7 @@
-"""`Lookups.partitions`: one PartitionsQuery per super stream for the checks that asked before it was
-written, never a stale or failed one for a check that began after it (the rule of every lookup)."""
+"""`pyspark_rmqs.broker.lookups` without a broker: `Lookups.partitions` (one PartitionsQuery per super
+stream for the checks that asked before it was written, never a stale or failed one for a check that
+began after it: the rule of every lookup) and `leader_here` across a reopened metadata connection.
+The wire-level counts against the real broker are in tests/airflow/test_trigger_sharing.py."""
 
 from __future__ import annotations
 
@@ -89,5 +91,48 @@ def test_an_asker_cancelled_does_not_cancel_the_query_of_the_others() -> None:
         assert await second == ["ss-0", "ss-1"] and broker.queries == 1
         with pytest.raises(asyncio.CancelledError):
             await first
+
+    asyncio.run(scenario())
+
+
+class MetadataClient:
+    """A metadata connection on `node`: stream 's' is led by n1 and replicated on n2."""
+
+    def __init__(self, node: str) -> None:
+        self.server_properties = {"advertised_host": node, "advertised_port": "5552"}
+        self.metadata_requests = 0
+
+        class Seq:
+            def next(self) -> int:
+                return 1
+
+        self._corr_id_seq = Seq()
+
+    async def sync_request(self, frame: object, **kw: object) -> object:
+        from types import SimpleNamespace as NS
+
+        self.metadata_requests += 1
+        return NS(
+            brokers=[NS(reference=1, host="n1", port=5552), NS(reference=2, host="n2", port=5552)],
+            metadata=[NS(name="s", response_code=1, leader_ref=1, replicas_refs=[2])],
+        )
+
+
+def test_which_streams_are_led_here_is_asked_again_when_the_metadata_connection_changes() -> None:
+    """Stored offsets are reused only where StreamStats comes from the leader, which depends on the
+    node the metadata connection is on: a connection reopened (closed when idle, or lost) may land on
+    another node, so what was known about the old one must not be reused for it."""
+    current: list[MetadataClient] = [MetadataClient("n1")]
+
+    async def locator() -> MetadataClient:
+        return current[0]
+
+    async def scenario() -> None:
+        lk = Lookups(locator)  # type: ignore[arg-type]
+        assert await lk.leader_here(["s"]) == {"s"}  # on the leader's node
+        assert await lk.leader_here(["s"]) == {"s"} and current[0].metadata_requests == 1  # reused
+        current[0] = MetadataClient("n2")  # reopened on the replica's node
+        assert await lk.leader_here(["s"]) == set()
+        assert current[0].metadata_requests == 1
 
     asyncio.run(scenario())
