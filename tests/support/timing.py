@@ -77,6 +77,33 @@ def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
             yield file, case.get("name", ""), wall, cpu, outcome
 
 
+def _span(path: Path) -> str | None:
+    """When a run's first test started and its last ended, counted from its session's start, and
+    when the file was written: the time before the first test (workers starting and collecting) and
+    after the last (teardown, workers exiting), which no test's own time shows."""
+    from datetime import datetime
+
+    if not path.exists():
+        return None
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    starts: list[float] = []
+    ends: list[float] = []
+    for case in root.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if props.get("started"):
+            starts.append(float(props["started"]))
+            ends.append(starts[-1] + float(props.get("wall_s") or case.get("time") or 0))
+    if suite is None or not suite.get("timestamp") or not starts:
+        return None
+    began = datetime.fromisoformat(suite.get("timestamp", "")).timestamp()
+    written = path.stat().st_mtime
+    return (
+        f"{path.name}: first test {min(starts) - began:.0f} s after the session began, last test ended "
+        f"{max(ends) - began:.0f} s after it, results written {written - began:.0f} s after it"
+    )
+
+
 def report(paths: list[Path]) -> int:
     cases = list(_cases(paths))
     if not cases:
@@ -104,6 +131,10 @@ def report(paths: list[Path]) -> int:
     counts = defaultdict(int)
     for *_, outcome in cases:
         counts[outcome] += 1
+    for path in paths:
+        span = _span(path)
+        if span:
+            print(span)
     print(f"total: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
     return 0
 
