@@ -23,24 +23,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RUN = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, pathlib, sys, time
     from dagster import DagsterInstance, materialize
     from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
 
-    endpoints, user, password, stream = sys.argv[1:5]
+    endpoints, user, password, stream, rendezvous = sys.argv[1:6]
 
     def slow_sink(batch):
-        # Hold the pool's slot until the other run's step waits for it (or 120 s): the two runs then
-        # overlap whatever each process's start costs, instead of for a fixed few seconds.
+        # Hold the pool's slot until the other run's step waits for it: first until the other
+        # process is about to materialize (however long its imports took), then until its step is
+        # pending in the instance's pool (asked once a second: the instance is one SQLite file).
+        if not batch.num_rows:
+            return
         deadline = time.monotonic() + 120
-        while batch.num_rows and time.monotonic() < deadline:
+        while len(list(pathlib.Path(rendezvous).glob("ready-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
             if instance.event_log_storage.get_concurrency_info("rmqs-dgc").pending_step_count:
                 return
-            time.sleep(0.2)
+            time.sleep(1.0)
 
     asset = build_stream_asset("pooled", stream=stream, consumer_name="dgc", sink=slow_sink, engine="arrow")
     rabbitmq = RabbitMQStreamsResource(endpoints=endpoints, username=user, password=password)
     instance = DagsterInstance.get()  # DAGSTER_HOME: one instance shared by both processes
+    (pathlib.Path(rendezvous) / f"ready-{os.getpid()}").touch()
     result = materialize([asset], instance=instance, resources={"rabbitmq": rabbitmq})
     (m,) = result.asset_materializations_for_node("pooled")
     logs = [e.message or "" for e in instance.all_logs(result.run_id)]
@@ -60,7 +67,9 @@ def test_two_concurrent_runs_against_one_instance_serialise_on_the_consumer_pool
     home.mkdir()
     (home / "dagster.yaml").write_text("concurrency:\n  pools:\n    default_limit: 1\n")
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    args = [f"{broker.host}:{broker.port}", broker.username, broker.password, s]
+    rendezvous = tmp_path / "rendezvous"
+    rendezvous.mkdir()
+    args = [f"{broker.host}:{broker.port}", broker.username, broker.password, s, str(rendezvous)]
     procs = []
     for _ in range(2):
         procs.append(
