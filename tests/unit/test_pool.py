@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from pyspark_rmqs.broker import pool as pool_module
 from pyspark_rmqs.broker.pool import ConnectionPool, get_pool
 
@@ -30,15 +32,20 @@ class Conn:
         return ("h", "u")
 
 
-def test_acquire_reuses_released_connections_and_evicts_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    made: list[FakeClient] = []
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
+    """The connections the pool opened, in order (`connect` replaced by a fake)."""
+    opened: list[FakeClient] = []
 
     async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
-        made.append(FakeClient())
-        return made[-1]
+        opened.append(FakeClient())
+        return opened[-1]
 
     monkeypatch.setattr(pool_module, "connect", fake_connect)
+    return opened
 
+
+def test_acquire_reuses_released_connections_and_evicts_idle(made: list[FakeClient]) -> None:
     async def scenario() -> None:
         pool = ConnectionPool()
         a = await pool.acquire(Conn())
@@ -58,16 +65,9 @@ def test_acquire_reuses_released_connections_and_evicts_idle(monkeypatch) -> Non
     asyncio.run(scenario())
 
 
-def test_an_idle_locator_is_closed_too_but_never_one_with_a_request_under_way(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_idle_locator_is_closed_too_but_never_one_with_a_request_under_way(made: list[FakeClient]) -> None:
     """A reused Spark Python worker keeps its pool while it lives: its metadata connection must not
     outlive IDLE_SECONDS either (the soak saw two such sockets held after the query stopped)."""
-    made: list[FakeClient] = []
-
-    async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
-        made.append(FakeClient())
-        return made[-1]
-
-    monkeypatch.setattr(pool_module, "connect", fake_connect)
 
     async def scenario() -> None:
         pool = ConnectionPool()
@@ -115,17 +115,12 @@ def test_the_suite_runs_with_a_short_idle_time_set_before_the_pool_was_imported(
     assert configured == pool_module.IDLE_SECONDS
 
 
-def test_a_connection_handed_out_while_idle_ones_close_is_never_filed_back_as_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_connection_handed_out_while_idle_ones_close_is_never_filed_back_as_idle(
+    made: list[FakeClient],
+) -> None:
     """`evict_idle` awaits each close: an `acquire` in that window takes a fresh idle connection, which
     must stay taken (filed back, a second writer got the same connection and the broker refused its
     publisher id as already taken: seen in a fresh-clone run)."""
-    made: list[FakeClient] = []
-
-    async def fake_connect(conn: object, name: str = "rmqs", node: object = None) -> FakeClient:
-        made.append(FakeClient())
-        return made[-1]
-
-    monkeypatch.setattr(pool_module, "connect", fake_connect)
 
     class SlowClose(FakeClient):
         async def close(self) -> None:
