@@ -64,8 +64,7 @@ def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
         if not path.exists():
             continue
         for case in ET.parse(path).getroot().iter("testcase"):
-            props = {p.get("name"): p.get("value") for p in case.iter("property")}
-            wall = float(props.get("wall_s") or case.get("time") or 0)
+            props, wall = _measured(case)
             cpu = float(props.get("cpu_s") or 0)
             outcome = "passed"
             for child in case:
@@ -75,6 +74,12 @@ def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
                     outcome = "skipped"
             file = props.get("file") or case.get("classname", "").replace(".", "/") + ".py"
             yield file, case.get("name", ""), wall, cpu, outcome
+
+
+def _measured(case: ET.Element) -> tuple[dict[str | None, str | None], float]:
+    """A junit test case's properties (what `pytest_runtest_makereport` recorded) and its wall time."""
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    return props, float(props.get("wall_s") or case.get("time") or 0)
 
 
 def _span(path: Path) -> str | None:
@@ -90,10 +95,11 @@ def _span(path: Path) -> str | None:
     starts: list[float] = []
     ends: list[float] = []
     for case in root.iter("testcase"):
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        if props.get("started"):
-            starts.append(float(props["started"]))
-            ends.append(starts[-1] + float(props.get("wall_s") or case.get("time") or 0))
+        props, wall = _measured(case)
+        started = props.get("started")
+        if started:
+            starts.append(float(started))
+            ends.append(starts[-1] + wall)
     if suite is None or not suite.get("timestamp") or not starts:
         return None
     began = datetime.fromisoformat(suite.get("timestamp", "")).timestamp()

@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from pyspark_rmqs.broker.protocol import Batch, RmqsClient
+from pyspark_rmqs.broker.protocol import Batch, RmqsClient, future_failed
 
 WINDOW = 256
 """Batched requests in flight per metadata connection. Measured (local 4.0 broker, 500 streams,
@@ -134,7 +134,7 @@ class Lookups:
     async def partitions(self, superstream: str, since: float, query: Callable[[], Awaitable[T]]) -> T:
         """`query()` (the partitions of `superstream`), joined with one written at or after `since`."""
         hit = self._partitions.get(superstream)
-        if hit is None or hit[0] < since or _failed(hit[1]):
+        if hit is None or hit[0] < since or future_failed(hit[1]):
             loop = asyncio.get_running_loop()
             now = time.monotonic()
             self._partitions = {k: v for k, v in self._partitions.items() if v[0] > now - _FORGET_S}
@@ -181,10 +181,6 @@ class Lookups:
                     led = topo.leader is not None and (not topo.replicas or topo.leader == here)
                     self._led_here[s] = (led, expires)
         return {s for s in streams if self._led_here.get(s, (False, 0.0))[0]}
-
-
-def _failed(task: asyncio.Task[Any]) -> bool:
-    return task.done() and (task.cancelled() or task.exception() is not None)
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

@@ -124,6 +124,7 @@ class ConnectionPool:
             # a locator with a request or probe subscription under way is in use whatever its age
             if now - self._locator_used.get(key, now) >= IDLE_SECONDS and not client.busy():
                 del self._locators[key]
+                del self._locator_used[key]
                 await _close(client)
                 closed += 1
         for key, items in list(self._idle.items()):

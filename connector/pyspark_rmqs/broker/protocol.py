@@ -134,7 +134,12 @@ class Batch:
 
     @property
     def failed(self) -> bool:
-        return self.done.done() and (self.done.cancelled() or self.done.exception() is not None)
+        return future_failed(self.done)
+
+
+def future_failed(fut: asyncio.Future[Any]) -> bool:
+    """Done without a result (cancelled, or an exception): an answer no later asker may join."""
+    return fut.done() and (fut.cancelled() or fut.exception() is not None)
 
 
 def _string(text: str) -> bytes:
