@@ -1,12 +1,14 @@
 """`pyspark_rmqs.broker.lookups` without a broker: `Lookups.partitions` (one PartitionsQuery per super
 stream for the checks that asked before it was written, never a stale or failed one for a check that
-began after it: the rule of every lookup) and `leader_here` across a reopened metadata connection.
+began after it: the rule of every lookup), the same rule for single requests (`answers`), and
+`leader_here` across a reopened metadata connection.
 The wire-level counts against the real broker are in tests/airflow/test_trigger_sharing.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -91,6 +93,52 @@ def test_an_asker_cancelled_does_not_cancel_the_query_of_the_others() -> None:
         assert await second == ["ss-0", "ss-1"] and broker.queries == 1
         with pytest.raises(asyncio.CancelledError):
             await first
+
+    asyncio.run(scenario())
+
+
+class Pipeline:
+    """A metadata connection that answers each request with the stream's version when it is written."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.written: list[str] = []
+        self.fail_next = False
+
+    async def send_batch(self, batch: Any, requests: list[tuple[int, int, str, str]], window: int) -> None:
+        self.written += [stream for _i, _kind, stream, _ref in requests]
+        answers = [(index, (stream, self.version)) for index, _kind, stream, _ref in requests]
+        await asyncio.sleep(0.01)  # on the wire
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("connection lost")
+        for index, value in answers:
+            batch.answer(index, value, None)
+
+
+def test_requests_are_joined_while_queued_or_written_after_the_asker_began_and_never_once_failed() -> None:
+    wire = Pipeline()
+
+    async def locator() -> Pipeline:
+        return wire
+
+    async def ask(lk: Lookups, streams: list[str], since: float) -> list[Any]:
+        return [value for value, _err in await lk.answers(1, streams, "", since, 5.0)]
+
+    async def scenario() -> None:
+        lk = Lookups(locator)  # type: ignore[arg-type]
+        since = time.monotonic()
+        together = await asyncio.gather(ask(lk, ["a", "b"], since), ask(lk, ["b", "c"], since))
+        assert together == [[("a", 0), ("b", 0)], [("b", 0), ("c", 0)]] and wire.written == ["a", "b", "c"]
+        assert await ask(lk, ["a"], since) == [("a", 0)] and len(wire.written) == 3  # written after `since`
+        wire.version = 1  # a message or a store ...
+        later = time.monotonic()  # ... then a check begins: it never gets an answer written before it
+        assert await ask(lk, ["a", "b"], later) == [("a", 1), ("b", 1)] and len(wire.written) == 5
+        wire.fail_next = True
+        failed = time.monotonic()
+        with pytest.raises(ConnectionError):
+            await ask(lk, ["c"], failed)
+        assert await ask(lk, ["c"], failed) == [("c", 1)] and wire.written[-2:] == ["c", "c"]
 
     asyncio.run(scenario())
 

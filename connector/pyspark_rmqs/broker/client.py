@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from rstream import exceptions as rx
 from rstream import schema
@@ -62,6 +62,28 @@ class StreamStats:
 
 
 @dataclass(frozen=True)
+class PolledBounds:
+    """What a polling check of some streams shares with the others of its poll (no consumer in it)."""
+
+    streams: tuple[str, ...]
+    firsts: tuple[int, ...]
+    tails: tuple[int, ...]
+    ids: tuple[tuple[int, int, int] | None, ...]  # where a stored offset may be reused; None: QueryOffset
+
+
+class Polled(Protocol):
+    """A stream or a super stream, as `core.target.Target` (this layer does not import it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_super(self) -> bool: ...
+
+    async def astreams(self, client: Any) -> list[str]: ...
+
+
+@dataclass(frozen=True)
 class TimeBound:
     """Where a time falls in a stream by the broker's clock (chunk timestamps), for windows of time.
 
@@ -93,6 +115,15 @@ def _stats(raw: tuple[int, int, int | None, int | None]) -> StreamStats:
 def _ids(raw: tuple[int, int, int | None, int | None]) -> tuple[int, int, int] | None:
     """(first, committed, last) chunk ids: what no store can leave unchanged; None if not reported."""
     return None if raw[2] is None else (raw[0], raw[1], raw[2])
+
+
+def _stored(stream: str, value: Any, err: type[Exception] | None) -> int | None:
+    """A QueryOffset answer: the stored offset, None where the consumer stored none."""
+    if err is rx.OffsetNotFound:
+        return None
+    if err is not None:
+        raise _stream_error(err, stream)
+    return int(value)
 
 
 def _stream_error(err: type[Exception], stream: str) -> Exception:
@@ -203,7 +234,7 @@ class AsyncBrokerClient:
         )
 
     async def watermark_rows(
-        self, streams: Sequence[str], consumer: str, *, since: float | None = None, polling: bool = False
+        self, streams: Sequence[str], consumer: str, *, since: float | None = None
     ) -> list[tuple[int, int, int | None]]:
         """(first offset, tail, stored offset of `consumer` or None) per stream, in order.
 
@@ -211,88 +242,129 @@ class AsyncBrokerClient:
         coalescing queue (`lookups.py`): pipelined on the shared metadata connection, and shared
         with other checks on this loop that asked for the same at the same time. `since` (a
         `time.monotonic()` no later than the caller's start) bounds how old a shared answer may be.
-        A tail needs a subscription only where the broker reports no committed offset (before 4.3)
-        and, with `polling` (polling checks), only where the stream's chunk ids moved since
-        the last one. An empty `consumer` asks for no stored offset.
+        A tail needs a subscription only where the broker reports no committed offset (before 4.3).
+        An empty `consumer` asks for no stored offset. Polling checks use `polled_watermark_rows`.
         """
         names = list(streams)
         asked = time.monotonic() if since is None else since
         lookups = get_pool().lookups(self.conn)
 
         async def once() -> list[tuple[int, int, int | None]]:
-            try:
-                if polling and consumer:  # offsets after the stats: maybe none are needed
-                    stats, led = await asyncio.gather(
-                        lookups.answers(_STATS, names, "", asked, self.timeout), lookups.leader_here(names)
-                    )
-                    stored = await self._stored_after(lookups, names, consumer, stats, led)
-                else:
-                    stats, stored = await asyncio.gather(
-                        lookups.answers(_STATS, names, "", asked, self.timeout),
-                        lookups.answers(_OFFSET, names, consumer, asked, self.timeout)
-                        if consumer
-                        else _nothing(len(names)),
-                    )
-            except TimeoutError as e:
-                await get_pool().drop_locator(self.conn)
-                raise BrokerTimeoutError("watermarks: no answer from the broker") from e
-            rows = []
-            probes: dict[int, StreamStats] = {}
-            for i, (s, (raw, err), (offset, off_err)) in enumerate(zip(names, stats, stored, strict=True)):
-                if err is not None:
-                    raise _stream_error(err, s)
-                if off_err is not None and off_err is not rx.OffsetNotFound:
-                    raise _stream_error(off_err, s)
-                st = _stats(raw)
-                tail = self._known_tail(st)
-                if tail is None and polling:
-                    tail = lookups.tails.get(s, st.first_chunk_id, st.committed_chunk_id)
-                if tail is None:
-                    probes[i] = st
-                rows.append((st.first_offset, -1 if tail is None else tail, None if off_err else offset))
-            if probes:
-                measured = await asyncio.gather(
-                    *(self._measured_tail(lookups, names[i], st) for i, st in probes.items())
-                )
-                for i, tail in zip(probes, measured, strict=True):
-                    rows[i] = (rows[i][0], tail, rows[i][2])
-            return rows
+            stats, stored = await asyncio.gather(
+                self._answers(lookups, _STATS, names, "", asked),
+                self._answers(lookups, _OFFSET, names, consumer, asked) if consumer else _nothing(len(names)),
+            )
+            firsts, tails = await self._bounds(lookups, names, stats, polling=False)
+            offsets = [_stored(s, value, err) for s, (value, err) in zip(names, stored, strict=True)]
+            return list(zip(firsts, tails, offsets, strict=True))
 
         return await self._retry(f"watermarks of {len(names)} stream(s)", once)
 
+    async def polled_watermark_rows(
+        self, target: Polled, consumer: str, since: float
+    ) -> tuple[list[str], list[tuple[int, int, int | None]]]:
+        """`target`'s streams and `watermark_rows` for a check that polls (triggers, sensors).
+
+        The part no consumer changes (partitions, StreamStats, tails) is one run for every polling
+        check of `target` on this loop that began before it (`Lookups.joined`): a triggerer's
+        watchers of one super stream share it each poll, and each adds only its consumer's stored
+        offsets, reused at unchanged chunk ids (`OffsetCache`). A check waiting for it holds a few
+        objects instead of its own requests: CPython promotes what is alive at a collection during
+        the poll, and enough promoted objects make it collect the triggerer's whole heap (#33).
+        """
+        lookups = get_pool().lookups(self.conn)
+        key = ("bounds", target.name, target.is_super)
+        b: PolledBounds = await lookups.joined(key, since, self._polled_bounds, target, lookups)
+        if not consumer:
+            return list(b.streams), list(zip(b.firsts, b.tails, [None] * len(b.streams), strict=True))
+        stored, need = lookups.offsets.of(consumer, b.streams, b.ids)
+        if need:  # no closure here: its cells would be made for every check, even one that needs none
+            await self._stored_into(stored, need, lookups, b, consumer)
+        return list(b.streams), list(zip(b.firsts, b.tails, stored, strict=True))
+
+    async def _stored_into(
+        self, stored: list[int | None], need: list[int], lookups: Any, b: PolledBounds, consumer: str
+    ) -> None:
+        fresh = await self._retry(
+            f"stored offsets of {len(need)} stream(s)",
+            lambda: self._stored_after(lookups, b, need, consumer),
+        )
+        for i, value in zip(need, fresh, strict=True):
+            stored[i] = value
+
+    async def _polled_bounds(self, target: Polled, lookups: Any) -> PolledBounds:
+        """`polled_watermark_rows`' shared part: streams, first offsets, tails, and the chunk ids at
+        which a stored offset may be reused (StreamStats from the leader only, `leader_here`)."""
+        streams = await target.astreams(self)
+
+        async def once() -> PolledBounds:
+            asked = time.monotonic()
+            stats, led = await asyncio.gather(
+                self._answers(lookups, _STATS, streams, "", asked), lookups.leader_here(streams)
+            )
+            firsts, tails = await self._bounds(lookups, streams, stats, polling=True)
+            ids = [_ids(raw) if s in led else None for s, (raw, _err) in zip(streams, stats, strict=True)]
+            return PolledBounds(tuple(streams), tuple(firsts), tuple(tails), tuple(ids))
+
+        return await self._retry(f"watermarks of {len(streams)} stream(s)", once)
+
     async def _stored_after(
+        self, lookups: Any, b: PolledBounds, need: list[int], consumer: str
+    ) -> list[int | None]:
+        """QueryOffset for the streams `need` indexes, written after `b`'s stats were answered (so an
+        answer is never older than the chunk ids it is remembered at)."""
+        names = [b.streams[i] for i in need]
+        answers = await self._answers(lookups, _OFFSET, names, consumer, time.monotonic())
+        out = []
+        for i, s, (value, err) in zip(need, names, answers, strict=True):
+            offset = _stored(s, value, err)
+            key = b.ids[i]
+            if key is not None:
+                lookups.offsets.put(s, consumer, key, offset)
+            out.append(offset)
+        return out
+
+    async def _answers(
+        self, lookups: Any, kind: int, names: list[str], reference: str, since: float
+    ) -> list[tuple[Any, type[Exception] | None]]:
+        """`Lookups.answers`; a timeout drops the metadata connection and is a `BrokerTimeoutError`."""
+        try:
+            return await lookups.answers(kind, names, reference, since, self.timeout)
+        except TimeoutError as e:
+            await get_pool().drop_locator(self.conn)
+            raise BrokerTimeoutError("watermarks: no answer from the broker") from e
+
+    async def _bounds(
         self,
         lookups: Any,
         names: list[str],
-        consumer: str,
         stats: list[tuple[Any, type[Exception] | None]],
-        led: set[str],
-    ) -> list[tuple[Any, type[Exception] | None]]:
-        """Stored offsets for a polling check, asked after its stats were answered: reused where the
-        stats came from the leader at the chunk ids the offset was read at, else QueryOffset (only
-        requests written after the stats count, so an answer is never older than its ids)."""
-        out: list[tuple[Any, type[Exception] | None]] = [(None, None)] * len(names)
-        need: list[int] = []
-        ids: list[tuple[int, int, int] | None] = []
+        *,
+        polling: bool,
+    ) -> tuple[list[int], list[int]]:
+        """(first offsets, tails) from StreamStats answers; a tail the stats do not tell is measured
+        by a subscription, or with `polling` reused where measured at the same chunk ids."""
+        firsts: list[int] = []
+        tails: list[int] = []
+        probes: dict[int, StreamStats] = {}
         for i, (s, (raw, err)) in enumerate(zip(names, stats, strict=True)):
-            key = None if err is not None else _ids(raw)
-            ids.append(key if s in led else None)
-            found, value = (
-                (False, None) if key is None or s not in led else lookups.offsets.get(s, consumer, key)
+            if err is not None:
+                raise _stream_error(err, s)
+            st = _stats(raw)
+            tail = self._known_tail(st)
+            if tail is None and polling:
+                tail = lookups.tails.get(s, st.first_chunk_id, st.committed_chunk_id)
+            if tail is None:
+                probes[i] = st
+            firsts.append(st.first_offset)
+            tails.append(-1 if tail is None else tail)
+        if probes:
+            measured = await asyncio.gather(
+                *(self._measured_tail(lookups, names[i], st) for i, st in probes.items())
             )
-            if found:
-                out[i] = (value, None if value is not None else rx.OffsetNotFound)
-            else:
-                need.append(i)
-        if need:
-            after = time.monotonic()
-            answers = await lookups.answers(_OFFSET, [names[i] for i in need], consumer, after, self.timeout)
-            for i, (value, err) in zip(need, answers, strict=True):
-                out[i] = (value, err)
-                key = ids[i]
-                if key is not None and (err is None or err is rx.OffsetNotFound):
-                    lookups.offsets.put(names[i], consumer, key, None if err else value)
-        return out
+            for i, tail in zip(probes, measured, strict=True):
+                tails[i] = tail
+        return firsts, tails
 
     @staticmethod
     def _known_tail(st: StreamStats) -> int | None:

@@ -16,6 +16,12 @@ check is one request per partition and kind; what can be saved is everything aro
 * Partitions of a super stream (`partitions`): one PartitionsQuery for the checks that asked
   before it was written, however many watch that super stream (written from a task on the next
   loop iteration, so the askers of one poll share it; a failed one is never joined).
+* A polling check's whole stream-wide part (partitions, StreamStats, tails) is one run per target
+  the same way (`joined`, used by `AsyncBrokerClient.polled_watermark_rows`): each check then adds
+  only its consumer's stored offsets. What a waiting check holds is what CPython promotes when it
+  collects during the poll, and a triggerer's watchers all wait at once: about 20 objects each
+  (its own requests and answers were about 100), so the promotions that make CPython collect the
+  process's whole heap, stopping the loop, come several times more rarely (docs/operations.md).
 * Tails (`TailCache`): a broker before 4.3 reports no committed offset in StreamStats, so the tail
   takes a subscription that delivers the stream's last chunk, 1.1-1.7 ms of the broker's CPU per
   stream (measured). Polling checks may reuse a tail while the stream's first and committed chunk
@@ -60,47 +66,45 @@ class Lookups:
         self._locator = locator
         self._batch: Batch | None = None
         self._queued: list[tuple[int, int, str, str]] = []
-        self._keys: list[tuple[int, str, str]] = []
-        # (kind, stream, reference) -> (written at (inf while queued), batch, index)
-        self._seen: dict[tuple[int, str, str], tuple[float, Batch, int]] = {}
-        self._pruned = time.monotonic()
+        self._slots: dict[tuple[int, str, str], int] = {}  # the queued batch's: request -> index
+        # Batches written in the last `_FORGET_S`, oldest first: (written at, batch, request -> index).
+        # One entry per batch, not per request: what lives through a poll is what CPython promotes.
+        self._written: list[tuple[float, Batch, dict[tuple[int, str, str], int]]] = []
         self._senders: set[asyncio.Task[None]] = set()
         self.tails = TailCache()
         self.offsets = OffsetCache()
         self._led_here: dict[str, tuple[bool, float]] = {}
         self._led_by: RmqsClient | None = None  # the metadata connection `_led_here` is about
-        # super stream -> (written at (inf until its task runs), the query's task)
-        self._partitions: dict[str, tuple[float, asyncio.Task[Any]]] = {}
+        self._joined: dict[tuple[Any, ...], _Run] = {}  # key -> its latest run (`joined`)
         self._topology_lock = asyncio.Lock()
         self.probes = asyncio.Semaphore(16)  # tail subscriptions at a time: 256 ids per connection
 
     def lookup(self, kind: int, stream: str, reference: str, since: float) -> tuple[Batch, int]:
         """The batch and index that will hold the answer: a joined request, or a newly queued one."""
         key = (kind, stream, reference)
-        hit = self._seen.get(key)
-        if hit is not None and hit[0] >= since and not hit[1].failed:
-            return hit[1], hit[2]
+        if self._batch is not None and (index := self._slots.get(key)) is not None:
+            return self._batch, index
+        for written, batch, slots in reversed(self._written):  # the newest that has it counts
+            if written < since:
+                break
+            if (index := slots.get(key)) is not None and not batch.failed:
+                return batch, index
         if self._batch is None:
             self._batch = Batch(asyncio.get_running_loop())
             asyncio.get_running_loop().call_soon(self._flush)
         index = self._batch.add()
         self._queued.append((index, kind, stream, reference))
-        self._keys.append(key)
-        self._seen[key] = (math.inf, self._batch, index)
+        self._slots[key] = index
         return self._batch, index
 
     def _flush(self) -> None:
-        batch, requests, keys = self._batch, self._queued, self._keys
-        self._batch, self._queued, self._keys = None, [], []
+        batch, requests, slots = self._batch, self._queued, self._slots
+        self._batch, self._queued, self._slots = None, [], {}
         if batch is None:
             return
         now = time.monotonic()
-        for key, (index, *_rest) in zip(keys, requests, strict=True):
-            if self._seen.get(key, (0.0, None, 0))[1] is batch:
-                self._seen[key] = (now, batch, index)
-        if now - self._pruned > _FORGET_S:
-            self._pruned = now
-            self._seen = {k: v for k, v in self._seen.items() if v[0] > now - _FORGET_S}
+        self._written = [w for w in self._written if w[0] > now - _FORGET_S]
+        self._written.append((now, batch, slots))
         task = asyncio.get_running_loop().create_task(self._send(batch, requests))
         self._senders.add(task)
         task.add_done_callback(self._senders.discard)
@@ -132,22 +136,30 @@ class Lookups:
         return [(b.values[i], b.errors[i]) for b, i in slots]
 
     async def partitions(self, superstream: str, since: float, query: Callable[[], Awaitable[T]]) -> T:
-        """`query()` (the partitions of `superstream`), joined with one written at or after `since`."""
-        hit = self._partitions.get(superstream)
-        if hit is None or hit[0] < since or future_failed(hit[1]):
-            loop = asyncio.get_running_loop()
+        """`query()` (the partitions of `superstream`), joined with one begun at or after `since`."""
+        return await self.joined(("partitions", superstream), since, query)
+
+    async def joined(
+        self, key: tuple[Any, ...], since: float, make: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        """`make(*args)` run once for every asker of `key` whose check began at or before that run.
+
+        The run starts on the next loop iteration, so the askers of one poll share it; one begun
+        before `since` is not joined (its requests may be older than the asking check), nor a failed
+        one. Each asker waits on a future of its own that the run settles: a cancelled check does
+        not cancel the others' run, and a waiting asker holds one future (no shield, no closure)."""
+        hit = self._joined.get(key)
+        if hit is None or hit.begun < since or future_failed(hit.task):
             now = time.monotonic()
-            self._partitions = {k: v for k, v in self._partitions.items() if v[0] > now - _FORGET_S}
-
-            async def written() -> T:  # runs on the next loop iteration: every asker of this one joins
-                if self._partitions.get(superstream, (0.0, None))[1] is task:
-                    self._partitions[superstream] = (time.monotonic(), task)
-                return await query()
-
-            task = loop.create_task(written())
-            task.add_done_callback(_retrieved)
-            hit = self._partitions[superstream] = (math.inf, task)
-        return await asyncio.shield(hit[1])
+            self._joined = {k: v for k, v in self._joined.items() if v.begun > now - _FORGET_S}
+            hit = self._joined[key] = _Run()
+            hit.task = asyncio.get_running_loop().create_task(hit.run(make, args))
+            hit.task.add_done_callback(_retrieved)
+        if hit.task.done():
+            return hit.task.result()
+        waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        hit.waiters.append(waiter)
+        return await waiter
 
     async def leader_here(self, streams: Sequence[str]) -> set[str]:
         """The streams whose StreamStats the metadata connection's node answers from the leader:
@@ -183,6 +195,37 @@ class Lookups:
         return {s for s in streams if self._led_here.get(s, (False, 0.0))[0]}
 
 
+class _Run:
+    """One run of `Lookups.joined`: when it began (inf until its task runs), and its askers."""
+
+    __slots__ = ("begun", "task", "waiters")
+
+    def __init__(self) -> None:
+        self.begun = math.inf
+        self.task: asyncio.Task[Any]
+        self.waiters: list[asyncio.Future[Any]] = []
+
+    async def run(self, make: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Any:
+        self.begun = time.monotonic()  # what later askers' `since` is compared to
+        try:
+            result = await make(*args)
+        except BaseException as e:
+            for w in self.waiters:
+                if w.done():
+                    continue
+                if isinstance(e, asyncio.CancelledError):
+                    w.cancel()
+                else:
+                    w.set_exception(e)
+            self.waiters = []
+            raise
+        for w in self.waiters:
+            if not w.done():
+                w.set_result(result)
+        self.waiters = []
+        return result
+
+
 def _retrieved(task: asyncio.Task[Any]) -> None:
     """Its askers re-raise the error; asyncio must not also log it as never retrieved."""
     if not task.cancelled():
@@ -190,21 +233,33 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
 
 
 class OffsetCache:
-    """Stored offsets per (stream, consumer), valid while the stream's chunk ids stay the same."""
+    """Stored offsets per consumer and stream, valid while the stream's chunk ids stay the same."""
 
     def __init__(self) -> None:
-        self._offsets: dict[tuple[str, str], tuple[tuple[int, int, int], int | None, float]] = {}
+        # consumer -> stream -> (chunk ids read at, stored offset or None, expires at)
+        self._offsets: dict[str, dict[str, tuple[tuple[int, int, int], int | None, float]]] = {}
 
-    def get(self, stream: str, consumer: str, ids: tuple[int, int, int]) -> tuple[bool, int | None]:
-        """(found, stored offset or None)."""
-        hit = self._offsets.get((stream, consumer))
-        if hit is None or hit[0] != ids or hit[2] < time.monotonic():
-            return False, None
-        return True, hit[1]
+    def of(
+        self, consumer: str, streams: Sequence[str], ids: Sequence[tuple[int, int, int] | None]
+    ) -> tuple[list[int | None], list[int]]:
+        """(stored offset or None per stream, the indexes not known at their `ids`): a check's whole
+        lookup in one pass (a triggerer's watchers make it for every partition every poll)."""
+        known = self._offsets.get(consumer, {})
+        now = time.monotonic()
+        out: list[int | None] = []
+        need: list[int] = []
+        for i, (s, key) in enumerate(zip(streams, ids, strict=True)):
+            hit = known.get(s)
+            if hit is None or key is None or hit[0] != key or hit[2] < now:
+                need.append(i)
+                out.append(None)
+            else:
+                out.append(hit[1])
+        return out, need
 
     def put(self, stream: str, consumer: str, ids: tuple[int, int, int], offset: int | None) -> None:
         expires = time.monotonic() + TAIL_REUSE_S * random.uniform(0.5, 1.0)
-        self._offsets[(stream, consumer)] = (ids, offset, expires)
+        self._offsets.setdefault(consumer, {})[stream] = (ids, offset, expires)
 
 
 class TailCache:

@@ -98,14 +98,19 @@ async def awatermarks(
     All partitions' requests are in flight together on the loop's shared metadata connection, and
     shared with the other checks on the loop that ask for the same at the same time
     (`broker/lookups.py`); every answer was given after this call began. `polling` (checks that
-    poll: triggers, sensors) reuses the tail (a subscription per stream on a broker before 4.3)
-    and the stored offset read on this loop at the stream's current chunk ids.
+    poll: triggers, sensors) shares the partitions, stats and tails with the other polling checks
+    of the target on this loop that began before them, and reuses the tail (a subscription per
+    stream on a broker before 4.3) and the stored offset read on this loop at the stream's current
+    chunk ids.
     """
     since = time.monotonic()
     target = Target.of(stream, superstream)
     client = AsyncBrokerClient(conn)
-    streams = await target.astreams(client)
-    rows = await client.watermark_rows(streams, consumer, since=since, polling=polling)
+    if polling:
+        streams, rows = await client.polled_watermark_rows(target, consumer, since)
+    else:
+        streams = await target.astreams(client)
+        rows = await client.watermark_rows(streams, consumer, since=since)
     parts = tuple(
         PartitionWatermark(s, first, tail, stored)
         for s, (first, tail, stored) in zip(streams, rows, strict=True)
