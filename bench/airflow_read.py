@@ -14,7 +14,8 @@ maps Spark's class-data archive when `rmqs spark-archive` dumped one (`make benc
 `make prepare` dumps), `--no-archive` to see it without; Spark's Python processes import the venv's
 compiled pyspark where `rmqs spark-archive --compiled-pyspark` ran (the suite's venv), `--zip-pyspark`
 to see them compile pyspark.zip as by default. Prints, best of the rounds:
-`airflow read task, 100,000 messages into Parquet: spark 12.3 s (session 5.1 s), consume 2.0 s: 6.1x`.
+`airflow read task, 100,000 messages into Parquet: spark 12.3 s (session 5.1 s), consume 2.0 s: 6.1x`;
+then each task run again for a consumer name that read everything (nothing new: no Spark session).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pyspark_rmqs.spark import pythonpath
 PARTITIONS = 3
 
 
-def _child(kind: str, superstream: str, out: str, uri: str) -> None:
+def _child(kind: str, superstream: str, out: str, uri: str, consumer: str) -> None:
     """In a new process: run one task's `execute()`; print its seconds and summary as JSON."""
     started = time.perf_counter()
     os.environ["AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT"] = uri
@@ -48,7 +49,7 @@ def _child(kind: str, superstream: str, out: str, uri: str) -> None:
     op = Op(
         task_id=f"bench_{kind}",
         superstream=superstream,
-        consumer_name=f"bench-{kind}-{uuid.uuid4().hex[:8]}",
+        consumer_name=consumer,
         output_path=out,
         metadata_fields="",
     )
@@ -60,7 +61,10 @@ def _child(kind: str, superstream: str, out: str, uri: str) -> None:
     print("bench-result " + json.dumps(result))
 
 
-def _run(kind: str, superstream: str, uri: str, archive: bool, zip_pyspark: bool) -> dict[str, Any]:
+def _run(
+    kind: str, superstream: str, uri: str, archive: bool, zip_pyspark: bool, consumer: str = ""
+) -> dict[str, Any]:
+    consumer = consumer or f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ)
     env.pop("JDK_JAVA_OPTIONS", None)
     if zip_pyspark:
@@ -73,8 +77,9 @@ def _run(kind: str, superstream: str, uri: str, archive: bool, zip_pyspark: bool
         env["AIRFLOW_HOME"] = home
         env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
         t0 = time.perf_counter()
+        child = ["--child", kind, superstream, f"{home}/out", uri, consumer]
         out = subprocess.run(
-            [sys.executable, "-m", "bench.airflow_read", "--child", kind, superstream, f"{home}/out", uri],
+            [sys.executable, "-m", "bench.airflow_read", *child],
             cwd=REPO,
             env=env,
             check=True,
@@ -97,7 +102,9 @@ def main() -> None:
         action="store_true",
         help="Spark's Python processes compile pyspark.zip (as with no --compiled-pyspark)",
     )
-    ap.add_argument("--child", nargs=4, metavar=("KIND", "SUPERSTREAM", "OUT", "URI"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--child", nargs=5, metavar=("KIND", "SUPERSTREAM", "OUT", "URI", "CONSUMER"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.child:
         _child(*args.child)
@@ -122,6 +129,13 @@ def main() -> None:
                 )
                 if got["execute_s"] < best.get(kind, {"execute_s": float("inf")})["execute_s"]:
                     best[kind] = got
+        idle: dict[str, float] = {}  # the same task again for a consumer that read everything
+        for kind in ("spark", "consume"):
+            consumer = f"bench-idle-{kind}-{uuid.uuid4().hex[:8]}"
+            _run(kind, name, uri, not args.no_archive, args.zip_pyspark, consumer)
+            got = _run(kind, name, uri, not args.no_archive, args.zip_pyspark, consumer)
+            assert got["rows"] == 0, f"{kind}: read {got['rows']} again"
+            idle[kind] = got["execute_s"]
     spark, plain = best["spark"]["execute_s"], best["consume"]["execute_s"]
     archive = "without the class-data archive" if args.no_archive else "with the class-data archive"
     compiled = pythonpath.installed() and not args.zip_pyspark
@@ -129,6 +143,11 @@ def main() -> None:
     print(
         f"airflow read task, {n:,} messages into Parquet (new process, {archive}, {pyspark_from}): "
         f"spark {spark:.1f} s, consume {plain:.1f} s: {spark / plain:.1f}x",
+        flush=True,
+    )
+    print(
+        f"the same task with nothing new after its watermark: spark {idle['spark']:.2f} s, "
+        f"consume {idle['consume']:.2f} s",
         flush=True,
     )
 

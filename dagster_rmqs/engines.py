@@ -104,7 +104,7 @@ class SparkEngine:
         from pyspark_rmqs.jobs import run_read
 
         # Nothing to read: no session (run_read touches Spark only for a non-empty plan).
-        spark: Any = None if plan.is_empty else session_of(getattr(context.resources, self.spark_key))
+        spark = None if plan.is_empty else session_of(getattr(context.resources, self.spark_key))
         return run_read(
             spark,
             conn,

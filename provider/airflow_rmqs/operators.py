@@ -266,8 +266,10 @@ class RabbitMQStreamReadOperator(_BoundedReadOperator, _SparkOperator):
         with airflow_failures(secret_values(conn)):
             plan = self.plan(conn, "reading", context)
             try:
+                # Nothing to read: no session. A local one is a new JVM, 5-14 s of a task that
+                # otherwise takes a fraction of a second (docs/operations.md, cold reads).
                 summary = jobs.run_read(
-                    self.spark_session(),
+                    None if plan.is_empty else self.spark_session(),
                     conn,
                     plan,
                     self._sink(context),

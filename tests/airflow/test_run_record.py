@@ -358,3 +358,27 @@ def test_a_watermark_put_back_by_another_client_writes_nothing_twice(
     assert len(got) == len(set(got)) == 620  # every offset once: none of [100, 300) twice
     assert {o for s, o in got if s == parts[1]} >= set(range(300))
     assert again["already_committed"] == {parts[1]: [[100, 300]]} and again["rows"] == 20
+
+
+# ------------------------------------------------------------ nothing to read: no Spark session
+
+
+def test_a_spark_read_with_nothing_new_starts_no_session(
+    broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hourly task that finds nothing after its watermark returns at once: a local session is a
+    new JVM (5-14 s, docs/operations.md), the whole cost of such a run when it was started anyway."""
+    s = streams.stream("idle")
+    publish(broker, s, [b"x"] * 5)
+    store_watermarks(conn_of(broker), "idle", {s: 4})  # everything read by an earlier run
+
+    def no_session(self: Any) -> Any:
+        raise AssertionError("a session was started for a run with nothing to read")
+
+    monkeypatch.setattr(RabbitMQStreamReadOperator, "spark_session", no_session)
+    op = RabbitMQStreamReadOperator(
+        task_id="read", stream=s, consumer_name="idle", output_path=str(tmp_path / "out")
+    )
+    summary = op.execute({})
+    assert summary["rows"] == 0, summary
+    assert watermarks(conn_of(broker), "idle", stream=s).stored_offsets() == {s: 4}

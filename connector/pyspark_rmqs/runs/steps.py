@@ -145,7 +145,7 @@ def plan_read(
 
 
 def run_read(
-    spark: SparkSession,
+    spark: SparkSession | None,
     conn: ConnectionOptions,
     plan: ReadPlan,
     sink: Callable[..., Any],
@@ -162,7 +162,7 @@ def run_read(
     `token=` too when it takes that keyword (so it can make its own writes idempotent). A resumed
     run whose record says its sink already succeeded only stores. A failure carries its
     `commit_state` (`errors.CommitState`). The consumer's lease is released at the end, whatever
-    happened.
+    happened. `spark` may be None for a plan with nothing to read (a local session is a new JVM).
     """
     try:
         t0 = time.monotonic()
@@ -172,6 +172,8 @@ def run_read(
         if plan.delivered and not exactly_once:  # an exactly-once output's record has the counts
             skip_delivered(plan, summary)
         elif not plan.is_empty:
+            if spark is None:
+                raise ValueError(f"run_read: reading {plan.target} needs a SparkSession (got None)")
             extra = {} if metadata_fields is None else {_SOURCE("metadata_fields"): metadata_fields}
             if exactly_once:
                 assert isinstance(sink, FileOutput)
