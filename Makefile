@@ -121,6 +121,7 @@ bench: prepare
 	$(PY) -m bench.consume
 	$(PY) -m bench.spark_read --memory
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read
+	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read --messages 1000000 --rounds 2
 	$(PY) -m bench.airflow_read --no-archive --rounds 1
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
@@ -128,7 +129,7 @@ bench: prepare
 	$(PY) -m bench.available_now --messages 5000000
 	$(PY) -m bench.orchestration --partitions 50
 	$(PY) -m bench.orchestration --partitions 500 --checks 10
-	$(PY) -m bench.orchestration --watchers 100 --partitions 50
+	$(PY) -m bench.orchestration --watchers 100 --partitions 50 --polls 20
 	@# On the cluster tier's three nodes (started, then stopped): replica vs leader reads, non-leader vs leader writes.
 	$(CLUSTER_ENV) $(PY) -m bench.cluster; rc=$$?; $(CLUSTER_ENV) $(PY) -m tests.cluster.support down; exit $$rc
 

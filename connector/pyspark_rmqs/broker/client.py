@@ -299,8 +299,10 @@ class AsyncBrokerClient:
 
         async def once() -> PolledBounds:
             asked = time.monotonic()
-            stats, led = await asyncio.gather(
-                self._answers(lookups, _STATS, streams, "", asked), lookups.leader_here(streams)
+            stats, led = await self._guarded(
+                asyncio.gather(
+                    lookups.answers(_STATS, streams, "", asked, self.timeout), lookups.leader_here(streams)
+                )
             )
             firsts, tails = await self._bounds(lookups, streams, stats, polling=True)
             ids = [_ids(raw) if s in led else None for s, (raw, _err) in zip(streams, stats, strict=True)]
@@ -327,9 +329,13 @@ class AsyncBrokerClient:
     async def _answers(
         self, lookups: Any, kind: int, names: list[str], reference: str, since: float
     ) -> list[tuple[Any, type[Exception] | None]]:
-        """`Lookups.answers`; a timeout drops the metadata connection and is a `BrokerTimeoutError`."""
+        """`Lookups.answers`, `_guarded`."""
+        return await self._guarded(lookups.answers(kind, names, reference, since, self.timeout))
+
+    async def _guarded(self, aw: Awaitable[R]) -> R:
+        """`await aw`; a timeout drops the metadata connection and is a `BrokerTimeoutError`."""
         try:
-            return await lookups.answers(kind, names, reference, since, self.timeout)
+            return await aw
         except TimeoutError as e:
             await get_pool().drop_locator(self.conn)
             raise BrokerTimeoutError("watermarks: no answer from the broker") from e

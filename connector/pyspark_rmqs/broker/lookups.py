@@ -217,6 +217,7 @@ class _Run:
                     w.cancel()
                 else:
                     w.set_exception(e)
+                    w.exception()  # retrieved: its asker re-raises it, or was cancelled meanwhile
             self.waiters = []
             raise
         for w in self.waiters:
