@@ -266,7 +266,7 @@ class AsyncBrokerClient:
         """`target`'s streams and `watermark_rows` for a check that polls (triggers, sensors).
 
         The part no consumer changes (partitions, StreamStats, tails) is one run for every polling
-        check of `target` on this loop that began before it (`Lookups.joined`): a triggerer's
+        check of `target` on this loop that began before it (`Lookups.join`): a triggerer's
         watchers of one super stream share it each poll, and each adds only its consumer's stored
         offsets, reused at unchanged chunk ids (`OffsetCache`). A check waiting for it holds a few
         objects instead of its own requests: CPython promotes what is alive at a collection during
@@ -274,7 +274,10 @@ class AsyncBrokerClient:
         """
         lookups = get_pool().lookups(self.conn)
         key = ("bounds", target.name, target.is_super)
-        b: PolledBounds = await lookups.joined(key, since, self._polled_bounds, target, lookups)
+        waiter = lookups.join(key, since)
+        if waiter is None:  # the coroutine is made only here: most checks of a poll join
+            waiter = lookups.begin(key, self._polled_bounds(target, lookups))
+        b: PolledBounds = await waiter
         if not consumer:
             return list(b.streams), list(zip(b.firsts, b.tails, [None] * len(b.streams), strict=True))
         stored, need = lookups.offsets.of(consumer, b.streams, b.ids)

@@ -17,7 +17,7 @@ check is one request per partition and kind; what can be saved is everything aro
   before it was written, however many watch that super stream (written from a task on the next
   loop iteration, so the askers of one poll share it; a failed one is never joined).
 * A polling check's whole stream-wide part (partitions, StreamStats, tails) is one run per target
-  the same way (`joined`, used by `AsyncBrokerClient.polled_watermark_rows`): each check then adds
+  the same way (`join` / `begin`, used by `AsyncBrokerClient.polled_watermark_rows`): each check adds
   only its consumer's stored offsets. What a waiting check holds is what CPython promotes when it
   collects during the poll, and a triggerer's watchers all wait at once: about 20 objects each
   (its own requests and answers were about 100), so the promotions that make CPython collect the
@@ -142,24 +142,38 @@ class Lookups:
     async def joined(
         self, key: tuple[Any, ...], since: float, make: Callable[..., Awaitable[T]], *args: Any
     ) -> T:
-        """`make(*args)` run once for every asker of `key` whose check began at or before that run.
+        """`make(*args)` run once for every asker of `key` whose check began at or before that run
+        (`join`, else `begin`)."""
+        waiter = self.join(key, since)
+        return await (waiter if waiter is not None else self.begin(key, make(*args)))
 
-        The run starts on the next loop iteration, so the askers of one poll share it; one begun
-        before `since` is not joined (its requests may be older than the asking check), nor a failed
-        one. Each asker waits on a future of its own that the run settles: a cancelled check does
-        not cancel the others' run, and a waiting asker holds one future (no shield, no closure)."""
+    def join(self, key: tuple[Any, ...], since: float) -> asyncio.Future[Any] | None:
+        """A future of `key`'s latest run, if a check that began at `since` may take its result.
+
+        A run starts on the next loop iteration after `begin`, so the askers of one poll share it;
+        one begun before `since` is not joined (its requests may be older than the asking check),
+        nor a failed one. Each asker waits on a future of its own that the run settles: a cancelled
+        check does not cancel the others' run, and a waiting asker holds one future. None: `begin`
+        one (a caller makes its coroutine only then: a triggerer's checks mostly join)."""
         hit = self._joined.get(key)
         if hit is None or hit.begun < since or future_failed(hit.task):
-            now = time.monotonic()
-            self._joined = {k: v for k, v in self._joined.items() if v.begun > now - _FORGET_S}
-            hit = self._joined[key] = _Run()
-            hit.task = asyncio.get_running_loop().create_task(hit.run(make, args))
-            hit.task.add_done_callback(_retrieved)
+            return None
         if hit.task.done():
-            return hit.task.result()
-        waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            return hit.task
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         hit.waiters.append(waiter)
-        return await waiter
+        return waiter
+
+    def begin(self, key: tuple[Any, ...], work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run `work` as `key`'s latest run (see `join`); a future of its result for this asker."""
+        now = time.monotonic()
+        self._joined = {k: v for k, v in self._joined.items() if v.begun > now - _FORGET_S}
+        hit = self._joined[key] = _Run()
+        hit.task = asyncio.get_running_loop().create_task(hit.run(work))
+        hit.task.add_done_callback(_retrieved)
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        hit.waiters.append(waiter)
+        return waiter
 
     async def leader_here(self, streams: Sequence[str]) -> set[str]:
         """The streams whose StreamStats the metadata connection's node answers from the leader:
@@ -196,7 +210,7 @@ class Lookups:
 
 
 class _Run:
-    """One run of `Lookups.joined`: when it began (inf until its task runs), and its askers."""
+    """One run of `Lookups.begin`: when it began (inf until its task runs), and its askers."""
 
     __slots__ = ("begun", "task", "waiters")
 
@@ -205,10 +219,10 @@ class _Run:
         self.task: asyncio.Task[Any]
         self.waiters: list[asyncio.Future[Any]] = []
 
-    async def run(self, make: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Any:
+    async def run(self, work: Awaitable[Any]) -> Any:
         self.begun = time.monotonic()  # what later askers' `since` is compared to
         try:
-            result = await make(*args)
+            result = await work
         except BaseException as e:
             for w in self.waiters:
                 if w.done():
