@@ -75,7 +75,7 @@ class Lookups:
         self.offsets = OffsetCache()
         self._led_here: dict[str, tuple[bool, float]] = {}
         self._led_by: RmqsClient | None = None  # the metadata connection `_led_here` is about
-        self._joined: dict[tuple[Any, ...], _Run] = {}  # key -> its latest run (`joined`)
+        self._joined: dict[tuple[Any, ...], _Run] = {}  # key -> its latest run (`join` / `begin`)
         self._topology_lock = asyncio.Lock()
         self.probes = asyncio.Semaphore(16)  # tail subscriptions at a time: 256 ids per connection
 
