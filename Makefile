@@ -120,6 +120,7 @@ bench: prepare
 	$(PY) -m bench.writer
 	$(PY) -m bench.consume
 	$(PY) -m bench.spark_read --memory
+	$(PY) -m bench.read_cpu
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read --messages 1000000 --rounds 2
 	$(PY) -m bench.airflow_read --no-archive --rounds 1
