@@ -285,16 +285,6 @@ class AsyncBrokerClient:
             await self._stored_into(stored, need, lookups, b, consumer)
         return list(b.streams), list(zip(b.firsts, b.tails, stored, strict=True))
 
-    async def _stored_into(
-        self, stored: list[int | None], need: list[int], lookups: Any, b: PolledBounds, consumer: str
-    ) -> None:
-        fresh = await self._retry(
-            f"stored offsets of {len(need)} stream(s)",
-            lambda: self._stored_after(lookups, b, need, consumer),
-        )
-        for i, value in zip(need, fresh, strict=True):
-            stored[i] = value
-
     async def _polled_bounds(self, target: Polled, lookups: Any) -> PolledBounds:
         """`polled_watermark_rows`' shared part: streams, first offsets, tails, and the chunk ids at
         which a stored offset may be reused (StreamStats from the leader only, `leader_here`)."""
@@ -313,21 +303,22 @@ class AsyncBrokerClient:
 
         return await self._retry(f"watermarks of {len(streams)} stream(s)", once)
 
-    async def _stored_after(
-        self, lookups: Any, b: PolledBounds, need: list[int], consumer: str
-    ) -> list[int | None]:
-        """QueryOffset for the streams `need` indexes, written after `b`'s stats were answered (so an
-        answer is never older than the chunk ids it is remembered at)."""
+    async def _stored_into(
+        self, stored: list[int | None], need: list[int], lookups: Any, b: PolledBounds, consumer: str
+    ) -> None:
+        """`stored[i]` for the indexes in `need`: QueryOffset written after `b`'s stats were answered
+        (so an answer is never older than the chunk ids it is remembered at)."""
         names = [b.streams[i] for i in need]
-        answers = await self._answers(lookups, _OFFSET, names, consumer, time.monotonic())
-        out = []
-        for i, s, (value, err) in zip(need, names, answers, strict=True):
-            offset = _stored(s, value, err)
-            key = b.ids[i]
-            if key is not None:
-                lookups.offsets.put(s, consumer, key, offset)
-            out.append(offset)
-        return out
+
+        async def once() -> None:
+            answers = await self._answers(lookups, _OFFSET, names, consumer, time.monotonic())
+            for i, s, (value, err) in zip(need, names, answers, strict=True):
+                stored[i] = offset = _stored(s, value, err)
+                key = b.ids[i]
+                if key is not None:
+                    lookups.offsets.put(s, consumer, key, offset)
+
+        await self._retry(f"stored offsets of {len(need)} stream(s)", once)
 
     async def _answers(
         self, lookups: Any, kind: int, names: list[str], reference: str, since: float

@@ -137,15 +137,9 @@ class Lookups:
 
     async def partitions(self, superstream: str, since: float, query: Callable[[], Awaitable[T]]) -> T:
         """`query()` (the partitions of `superstream`), joined with one begun at or after `since`."""
-        return await self.joined(("partitions", superstream), since, query)
-
-    async def joined(
-        self, key: tuple[Any, ...], since: float, make: Callable[..., Awaitable[T]], *args: Any
-    ) -> T:
-        """`make(*args)` run once for every asker of `key` whose check began at or before that run
-        (`join`, else `begin`)."""
+        key = ("partitions", superstream)
         waiter = self.join(key, since)
-        return await (waiter if waiter is not None else self.begin(key, make(*args)))
+        return await (waiter if waiter is not None else self.begin(key, query()))
 
     def join(self, key: tuple[Any, ...], since: float) -> asyncio.Future[Any] | None:
         """A future of `key`'s latest run, if a check that began at `since` may take its result.
@@ -158,11 +152,7 @@ class Lookups:
         hit = self._joined.get(key)
         if hit is None or hit.begun < since or future_failed(hit.task):
             return None
-        if hit.task.done():
-            return hit.task
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        hit.waiters.append(waiter)
-        return waiter
+        return hit.task if hit.task.done() else hit.waiter()
 
     def begin(self, key: tuple[Any, ...], work: Awaitable[Any]) -> asyncio.Future[Any]:
         """Run `work` as `key`'s latest run (see `join`); a future of its result for this asker."""
@@ -171,9 +161,7 @@ class Lookups:
         hit = self._joined[key] = _Run()
         hit.task = asyncio.get_running_loop().create_task(hit.run(work))
         hit.task.add_done_callback(_retrieved)
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        hit.waiters.append(waiter)
-        return waiter
+        return hit.waiter()
 
     async def leader_here(self, streams: Sequence[str]) -> set[str]:
         """The streams whose StreamStats the metadata connection's node answers from the leader:
@@ -218,6 +206,12 @@ class _Run:
         self.begun = math.inf
         self.task: asyncio.Task[Any]
         self.waiters: list[asyncio.Future[Any]] = []
+
+    def waiter(self) -> asyncio.Future[Any]:
+        """A future of this run's result for one asker (cancelling it leaves the run alone)."""
+        w: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiters.append(w)
+        return w
 
     async def run(self, work: Awaitable[Any]) -> Any:
         self.begun = time.monotonic()  # what later askers' `since` is compared to
