@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterEventType, RetryPolicy, materialize
+from dagster import DagsterEventType, DagsterInstance, RetryPolicy, materialize
 
 from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
 from tests.conftest import StreamFactory
@@ -66,6 +66,11 @@ def test_two_concurrent_runs_against_one_instance_serialise_on_the_consumer_pool
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("concurrency:\n  pools:\n    default_limit: 1\n")
+    # The pool's limit as Dagster sets it at the first claim, set once before both processes start:
+    # two first claims in the same few milliseconds both started their steps (seen once in a
+    # fresh-clone run: one slot row, both STEP_START 5 ms apart, neither blocked).
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.event_log_storage.initialize_concurrency_limit_to_default("rmqs-dgc")
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     rendezvous = tmp_path / "rendezvous"
     rendezvous.mkdir()
