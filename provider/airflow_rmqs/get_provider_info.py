@@ -101,4 +101,23 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "queues": ["airflow_rmqs.queues.RabbitMQStreamMessageQueueProvider"],
+        "config": {
+            "rabbitmq_streams": {
+                "description": "Settings of the RabbitMQ Streams (rmqs) provider.",
+                "options": {
+                    "triggerer_gc_freeze": {
+                        "description": "When True, the first rmqs trigger a triggerer runs collects "
+                        "once and moves every object alive then (Airflow's and the providers' start-up "
+                        "heap) out of CPython's garbage collections (gc.freeze()), so the full "
+                        "collections that stop the triggerer's event loop scan only what it made since. "
+                        "Process-wide: it affects every trigger of that triggerer. Reference cycles "
+                        "among the frozen objects are never reclaimed.",
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    }
+                },
+            }
+        },
     }

@@ -50,6 +50,10 @@ def test_providers_manager_discovers_everything() -> None:
     assert pm.connection_form_widgets["extra__rabbitmq_stream__tls_keystore_password"].is_sensitive
     assert pm.field_behaviours["rabbitmq_stream"]["relabeling"] == {}
     assert "rabbitmq-stream" in runtime.asset_uri_handlers and "rabbitmq-stream" in runtime.asset_factories
+    # The provider's settings reach Airflow's configuration (`airflow config list`), with their defaults.
+    section = get_provider_info()["config"]["rabbitmq_streams"]
+    assert ("rmqs", {"rabbitmq_streams": section}) in pm.provider_configs
+    assert section["options"]["triggerer_gc_freeze"]["default"] == "False"
 
 
 def test_message_queue_trigger_resolves_the_scheme_to_our_trigger() -> None:

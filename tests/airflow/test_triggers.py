@@ -120,6 +120,49 @@ def test_a_trigger_holds_no_snapshot_while_it_waits_for_its_next_poll(kind: str)
     assert len(waits) >= 3 and all(waits), waits
 
 
+@pytest.mark.parametrize("setting", [None, "False", "True"])
+def test_triggerer_gc_freeze_freezes_the_heap_once_at_the_first_trigger_and_only_when_set(
+    setting: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[rabbitmq_streams] triggerer_gc_freeze` (docs/airflow.md): off by default; when True, the
+    first trigger's run moves the heap into the permanent generation, and no later one does it again."""
+    import gc
+
+    from airflow_rmqs import triggers
+    from pyspark_rmqs.runs.watermarks import PartitionWatermark, Watermarks
+
+    if setting is None:
+        monkeypatch.delenv("AIRFLOW__RABBITMQ_STREAMS__TRIGGERER_GC_FREEZE", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW__RABBITMQ_STREAMS__TRIGGERER_GC_FREEZE", setting)
+    monkeypatch.setattr(triggers, "_heap_frozen", False)
+    frozen_at_check: list[int] = []
+
+    def trigger() -> RabbitMQStreamLagTrigger:
+        t = RabbitMQStreamLagTrigger(stream="s", consumer_name="etl", max_lag=5)
+
+        async def check() -> Watermarks:
+            frozen_at_check.append(gc.get_freeze_count())
+            return Watermarks("s", "etl", False, (PartitionWatermark("s", 0, 3, None),))
+
+        t.check = check  # type: ignore[method-assign]
+        return t
+
+    assert gc.get_freeze_count() == 0
+    try:
+        asyncio.run(first_event(trigger()))
+        first = gc.get_freeze_count()
+        made_since = [[] for _ in range(5_000)]  # alive through the second trigger's start
+        asyncio.run(first_event(trigger()))
+        assert gc.get_freeze_count() < first + len(made_since)  # once per process, not per trigger
+    finally:
+        gc.unfreeze()
+    if setting == "True":
+        assert first > 10_000 and frozen_at_check[0] > 10_000  # the heap, before the first check
+    else:
+        assert first == 0 and frozen_at_check == [0, 0]
+
+
 async def first_event(trigger: BaseTrigger, timeout: float = 20) -> dict[str, Any]:
     gen = trigger.run()
     try:
