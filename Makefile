@@ -131,6 +131,8 @@ bench: prepare
 	$(PY) -m bench.orchestration --partitions 50
 	$(PY) -m bench.orchestration --partitions 500 --checks 10
 	$(PY) -m bench.orchestration --watchers 100 --partitions 50 --polls 20
+	$(PY) -m bench.triggerer --watchers 100 --partitions 50 --seconds 150
+	$(PY) -m bench.triggerer --watchers 100 --partitions 50 --seconds 150 --no-baseline --freeze
 	@# On the cluster tier's three nodes (started, then stopped): replica vs leader reads, non-leader vs leader writes.
 	$(CLUSTER_ENV) $(PY) -m bench.cluster; rc=$$?; $(CLUSTER_ENV) $(PY) -m tests.cluster.support down; exit $$rc
 
