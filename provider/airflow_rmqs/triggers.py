@@ -62,11 +62,12 @@ def freeze_triggerer_heap() -> bool:
     """`[rabbitmq_streams] triggerer_gc_freeze`: at the first rmqs trigger a process runs, move every
     object alive then into CPython's permanent generation (`gc.freeze()`), once per process.
 
-    Why: a triggerer's trigger runner holds ~200,000 objects of Airflow's before any trigger runs,
-    and each full collection scans them all, stopping the loop every trigger shares for 110-200 ms on
-    a small machine (bench.triggerer). Frozen, they are never scanned again (they are still freed
-    when no longer referenced); a full collection then scans what the triggerer made since. One
-    full collection first, so no garbage is frozen with them (one such stop, at that first start).
+    Why: a triggerer's trigger runner holds ~296,000 objects (~200,000 of them Airflow's before any
+    trigger runs), and each full collection scans them all, stopping the loop every trigger shares
+    for 200-290 ms on a 2-core machine (bench.triggerer, docs/operations.md). Frozen, they are never
+    scanned again (they are still freed when no longer referenced); a full collection then scans
+    what the triggerer made since. One full collection first, so no garbage is frozen with them
+    (one such stop, at that first start).
     The price: a reference cycle among the frozen objects that becomes garbage later is never
     reclaimed. Process-wide, so off by default: the deployer turns it on. Returns whether it froze.
     """
