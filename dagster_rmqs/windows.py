@@ -8,13 +8,16 @@ adjacent windows meet exactly (no offset in two windows, none in neither). Other
 and ends at the tail measured before the broker showed that nothing had reached `E`. The Dagster
 process's clock decides nothing: when it says that `E` passed and the broker shows no chunk that
 late (an idle stream), the broker is asked to timestamp one (`stamp_clock`, an offset-tracking
-entry), and its answer decides.
+entry), and its answer decides. That decision is `pyspark_rmqs.broker.positions.broker_time_bounds`,
+the one Airflow's time ranges use too (`check_time_end`).
 
 An open window's output is incomplete, and materializing the window again after it closed must not
 add its rows a second time. Outputs rmqs writes into files are kept per window, under
 `<output_path>/rmqs_window=<partition key>/`, and a materialization replaces that folder's content
 whole (`keep_only`). A sink function's rows cannot be taken back: there an open window is refused
-(`OpenWindowError`) unless the asset allows it.
+(`OpenWindowError`) unless the asset allows it. The error is `pyspark_rmqs.errors.OpenWindowError`,
+kept here by name, and the one Airflow's time ranges raise too: retryable, since the window closes
+with time (a `retry_policy` with a delay reads it then).
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ import logging
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dagster_rmqs.engines import Engine
-from pyspark_rmqs.broker.client import BrokerClient, TimeBound
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.broker.positions import broker_time_bounds, describe_open, open_on
 from pyspark_rmqs.core.codec import to_millis
-from pyspark_rmqs.errors import RmqsError
+from pyspark_rmqs.errors import OpenWindowError as OpenWindowError
 from pyspark_rmqs.runs.outputs.delivery import (
     COMMITS,
     STAGING,
@@ -47,15 +51,6 @@ WINDOW_COLUMN = "rmqs_window"
 FILE_FORMATS = frozenset({"parquet", "orc", "json", "csv", "avro", "text"})
 # The characters Spark escapes in a partition folder's value (ExternalCatalogUtils.escapePathName).
 _ESCAPED = frozenset("\"#%'*/:=?\\\x7f{[]^")
-
-
-class OpenWindowError(RmqsError):
-    """A window not closed by the broker's clock, for an output that cannot be replaced later.
-
-    Retryable: the window closes with time (a `retry_policy` with a delay reads it then).
-    """
-
-    retryable = True
 
 
 @dataclass(frozen=True)
@@ -76,20 +71,10 @@ class Window:
         return bool(self.open_on)
 
     def describe_open(self) -> str:
-        newest = []
-        for s, ts in sorted(self.open_on.items()):
-            if ts is None:
-                newest.append(f"'{s}' is empty")
-            else:
-                at = datetime.fromtimestamp(ts / 1000, UTC)
-                before = (self.end - at).total_seconds()
-                newest.append(
-                    f"the newest chunk of '{s}' is timestamped {at.isoformat()}, {before:.1f} s before"
-                )
         return (
             f"window '{self.key}' [{self.start.isoformat()}, {self.end.isoformat()}) is still open by the "
-            f"broker's clock ({'; '.join(newest)}); it closes when the broker's clock reaches "
-            f"{self.end.isoformat()}"
+            f"broker's clock ({describe_open(self.end, self.open_on)}); it closes when the broker's clock "
+            f"reaches {self.end.isoformat()}"
         )
 
 
@@ -101,17 +86,9 @@ def locate(
     `now` (the Dagster process's clock) only decides whether to make the broker timestamp a chunk
     (`stamp_clock`): when the end of a window it says ended shows no chunk on the broker yet.
     """
-    times = sorted({to_millis(w.start) for _, w in spans} | {to_millis(w.end) for _, w in spans})
-    bounds = client.time_bounds(streams, times)
+    times = {to_millis(w.start) for _, w in spans} | {to_millis(w.end) for _, w in spans}
     ended = {to_millis(w.end) for _, w in spans if w.end <= now}  # by the Dagster process's clock
-    idle = [
-        s for s in streams if any(t in ended and not b.passed for t, b in zip(times, bounds[s], strict=True))
-    ]
-    if idle:
-        log.info("asking the broker for its clock on %s (an offset-tracking entry)", idle)
-        client.stamp_clock(idle)
-        bounds.update(client.time_bounds(idle, times))
-    at: dict[int, dict[str, TimeBound]] = {t: {s: bounds[s][i] for s in streams} for i, t in enumerate(times)}
+    at = broker_time_bounds(client, streams, times, ended=ended)
     out = []
     for key, w in spans:
         start, end = at[to_millis(w.start)], at[to_millis(w.end)]
@@ -122,7 +99,7 @@ def locate(
                 w.end,
                 {s: b.offset for s, b in start.items()},
                 {s: b.offset for s, b in end.items()},
-                {s: b.last_timestamp for s, b in end.items() if not b.passed},
+                open_on(end),
             )
         )
     return out

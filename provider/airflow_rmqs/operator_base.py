@@ -94,7 +94,10 @@ class _BoundedReadOperator(_StreamOperator):
     :param start: "watermark" (stored offset + 1; `starting_offsets` where none is stored yet),
         "earliest", "latest", per-stream offsets (dict or JSON), or a timestamp (datetime, ISO-8601
         string such as `{{ data_interval_start }}`, or epoch milliseconds).
-    :param end: "latest" (the tails when the task starts), per-stream offsets, or a timestamp.
+    :param end: "latest" (the tails when the task starts), per-stream offsets, or a timestamp
+        (`{{ data_interval_end }}`): the first offset the broker timestamped at or after it, where
+        the next interval starts. A time the broker's clock has not reached yet fails the run with
+        the retryable `OpenWindowError` before anything is read (the interval is still open).
     :param starting_offsets: where a consumer without a stored watermark starts: "earliest" or "latest".
     :param max_messages: cap on the messages one run reads, split across partitions by backlog.
     :param store_watermark: store `end - 1` per stream after the sink succeeded. Default: the runs
@@ -138,14 +141,23 @@ class _BoundedReadOperator(_StreamOperator):
         self.metadata_fields = metadata_fields
 
     def plan(self, conn: ConnectionOptions, verb: str, context: Any = None) -> jobs.ReadPlan:
-        """This run's plan from the rendered parameters, through `jobs.plan_read` (logged)."""
+        """This run's plan from the rendered parameters, through `jobs.plan_read` (logged).
+
+        An `end` given as a time (`{{ data_interval_end }}`) must have passed by the broker's clock
+        (`plan_read` checks it first): before it has, the run fails with the retryable
+        `OpenWindowError`, having read and recorded nothing; Airflow's retries (`retries`,
+        `retry_delay`) run it again once the interval has ended.
+        """
+        target = self._target()
+        start = values.position(self.start, "start", "watermark")
+        end = values.position(self.end, "end", "latest")
         plan = jobs.plan_read(
             conn,
             pipeline=pipeline_of(context) if context is not None else None,
-            **self._target().kw(),
+            **target.kw(),
             consumer=values.optional_str(self.consumer_name),
-            start=values.position(self.start, "start", "watermark"),
-            end=values.position(self.end, "end", "latest"),
+            start=start,
+            end=end,
             max_messages=values.optional_int(self.max_messages, "max_messages"),
             starting_offsets=str(self.starting_offsets).strip().lower(),
             fail_on_data_loss=self.fail_on_data_loss,

@@ -91,3 +91,24 @@ def test_available_now_drain_stores_the_final_watermark(
     assert summary.lag_after == 0
     assert watermarks(conn, "drain", stream=s).partitions[0].stored == 249
     assert parquet_values(spark, tmp_path / "o") == sorted(f"d{i}".encode() for i in range(250))
+
+
+def test_exactly_once_files_into_an_object_store_uri_are_refused_before_anything_is_written(
+    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Spark's exactly-once files are published by one folder rename, which object stores lack:
+    `run_read` into an `s3a://` (or any non-file) URI fails with `ConfigurationError` naming what to
+    use instead, before its sink writes anything; the watermark stays, and the retry of the run into
+    a local folder reads the same range, every offset once."""
+    s = streams.stream()
+    conn = conn_of(broker)
+    publish(broker, s, [f"o{i}".encode() for i in range(50)])
+    plan = plan_read(conn, stream=s, consumer="objstore")
+    with pytest.raises(ConfigurationError, match="needs a local or mounted file system") as refused:
+        run_read(spark, conn, plan, write_output("s3a://bucket/out"))
+    assert "Spark-free consume" in str(refused.value) and "at_least_once" in str(refused.value)
+    assert watermarks(conn, "objstore", stream=s).partitions[0].stored is None
+    retry = plan_read(conn, stream=s, consumer="objstore")
+    assert retry.resumed and retry.ranges == plan.ranges
+    run_read(spark, conn, retry, write_output(str(tmp_path / "out")))
+    assert parquet_values(spark, tmp_path / "out") == sorted(f"o{i}".encode() for i in range(50))

@@ -232,3 +232,62 @@ def test_spark_plan_never_shows_the_password(
     for text in texts:
         for spelling in (PLAN_PASSWORD, quote(PLAN_PASSWORD, safe=""), "se@cr:et", "cr:et#?%-ünï"):
             assert spelling not in text, (spelling, text)
+
+
+WRONG_PASSWORD = "Wr0ng-Spark-Pw-5d1e"
+
+
+@pytest.mark.spark
+def test_wrong_credentials_fail_a_spark_read_a_streaming_query_and_a_write_without_the_password(
+    spark: Any, broker: BrokerSettings, streams: Any
+) -> None:
+    """A wrong password fails each Spark path with `AuthenticationError` (never retried as transient),
+    and neither the message nor the traceback holds the password; the write stored nothing. (The
+    connection layer's own errors are pinned in test_connect_errors.py; this is what a Spark user,
+    and an orchestrator classifying the failure, get.)"""
+    import traceback
+
+    from pyspark_rmqs.errors import classify
+
+    s = streams.stream("wrong-creds")
+    publish(broker, s, [b"m"] * 10)
+    wrong = {
+        "endpoints": f"{broker.host}:{broker.port}",
+        "username": broker.username,
+        "password": WRONG_PASSWORD,
+    }
+    failures: dict[str, BaseException] = {}
+
+    def fails(what: str, action: Any) -> None:
+        with pytest.raises(Exception) as failed:
+            action()
+        failures[what] = failed.value
+
+    fails("read", lambda: spark.read.format("rabbitmq_streams").options(**wrong, stream=s).load().collect())
+
+    def stream() -> None:
+        q = (
+            spark.readStream.format("rabbitmq_streams")
+            .options(**wrong, stream=s)
+            .load()
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination(120)
+        finally:
+            q.stop()
+
+    fails("streaming", stream)
+    df = spark.range(3).selectExpr("cast(id as string) as value")
+    fails(
+        "write", lambda: df.write.format("rabbitmq_streams").options(**wrong, stream=s).mode("append").save()
+    )
+    for what, e in failures.items():
+        text = str(e) + "".join(traceback.format_exception(e))
+        assert "AuthenticationError" in str(e), (what, str(e)[:2000])
+        assert WRONG_PASSWORD not in text, what
+        c = classify(e)
+        assert c.error == "AuthenticationError" and not c.retryable, (what, c)
+    assert BrokerClient(parse_connection_options(wrong | {"password": broker.password})).tail(s) == 10

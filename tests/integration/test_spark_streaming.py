@@ -215,3 +215,56 @@ def test_deleted_partition_is_data_loss(
     drain(spark, broker, out, ckpt, superstream=name, failOnDataLoss="false")
     got = output(spark, out)
     assert len(got) == 65 and sum(1 for s, _, v in got if v == b"more") == 5
+
+
+def test_a_micro_batch_whose_sink_fails_is_not_committed_and_is_replayed_whole(
+    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A `foreachBatch` sink failing on batch 1 (of three batches of 200): the query fails, batch 1 is
+    in neither Spark's commit log nor the broker's stored offset for `consumerName` (which stays at
+    batch 0's end, 199), and the query restarted on its checkpoint replays batch 1 with exactly the
+    offsets the failed attempt had, then batch 2: every offset committed once (the failed attempt's
+    rows reached the sink once more, as any at-least-once sink may see a replayed batch)."""
+    s = streams.stream("sf")
+    publish(broker, s, [f"f{i:04d}".encode() for i in range(600)])
+    seen: list[tuple[int, list[int]]] = []
+    ckpt = tmp_path / "ckpt"
+
+    def sink(fail_on: int | None):  # type: ignore[no-untyped-def]
+        def fn(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+            seen.append((batch_id, sorted(int(r.offset) for r in df.select("offset").collect())))
+            if batch_id == fail_on:
+                raise RuntimeError("the sink failed")
+
+        return fn
+
+    def start(fail_on: int | None):  # type: ignore[no-untyped-def]
+        return (
+            spark.readStream.format("rabbitmq_streams")
+            .options(
+                **spark_options(
+                    broker, stream=s, metadataFields="", maxRecordsPerTrigger="200", consumerName="sinkfail"
+                )
+            )
+            .load()
+            .writeStream.foreachBatch(sink(fail_on))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    q = start(fail_on=1)
+    with pytest.raises(StreamingQueryException, match="the sink failed"):
+        q.awaitTermination(180)
+    assert [b for b, _ in seen] == [0, 1]
+    assert sorted(p.name for p in (ckpt / "commits").iterdir() if p.name.isdigit()) == ["0"]
+    stored = client(broker).stored_offset("sinkfail", s)
+    assert stored is None or stored <= 199, f"the failed batch moved the stored offset to {stored}"
+    failed = seen[1][1]
+    assert failed == list(range(200, 400))
+    q = start(fail_on=None)
+    assert q.awaitTermination(180) and q.exception() is None
+    assert [b for b, _ in seen] == [0, 1, 1, 2]
+    assert seen[2][1] == failed, "the replayed batch read other offsets than the failed one"
+    committed = seen[0][1] + seen[2][1] + seen[3][1]
+    assert committed == list(range(600))

@@ -31,6 +31,7 @@ from pyspark_rmqs.core.errors import (
         (BrokerUnavailableError("blip"), True),
         (BrokerTimeoutError("slow"), True),
         (PublishError("nack"), True),
+        (errors.OpenWindowError("the end has not passed"), True),
         (RuntimeError("executor lost"), True),
     ],
 )

@@ -52,14 +52,35 @@ def test_a_watermark_run_plans_from_the_watermark_to_the_tails_and_records_the_p
     runs: dict[str, Any],
 ) -> None:
     tracking.stored[("etl", "o-0")] = 49
+    tracking.stored[("etl", "o-1")] = 29
     plan = jobs.plan_read(_CONN, superstream="o", consumer="etl", pipeline="dag/task")
-    assert plan.ranges == {"o-0": (50, 100), "o-1": (20, 200)}
-    assert plan.seen == {"o-0": 49, "o-1": None} and not plan.resumed and plan.fail_on_data_loss
+    assert plan.ranges == {"o-0": (50, 100), "o-1": (30, 200)}
+    assert plan.seen == {"o-0": 49, "o-1": 29} and not plan.resumed and plan.fail_on_data_loss
     (record,) = runs["written"]
-    assert record.state == "planned" and record.ranges == {"o-0": (50, 100), "o-1": (20, 200)}
+    assert record.state == "planned" and record.ranges == {"o-0": (50, 100), "o-1": (30, 200)}
     assert record.incarnations == {"o-0": 1, "o-1": 1} and record.pipeline == "dag/task"
     assert record.token == plan.token.value and runs["leases"] == 1 and plan.mode == "watermark"
     assert tracking.stores == []  # nothing is stored before the run
+
+
+def test_a_first_run_starts_at_starting_offsets_and_a_partition_new_to_the_consumer_at_its_start(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
+    """Issue 42, case 2: `starting_offsets` places a consumer's first run only. A partition stream the
+    consumer has run without (bound to the super stream since) began after the consumer did: it is
+    read from offset 0, and what retention removed from it before is data loss, as Spark's Kafka
+    source treats a partition added to a topic."""
+    first = jobs.plan_read(_CONN, superstream="o", consumer="new", starting_offsets="latest")
+    assert first.ranges == {}  # a first run at latest: both partitions at their tails
+    assert first.start == {"o-0": 100, "o-1": 200}
+    tracking.stored[("etl", "o-0")] = 49  # etl has run, and never on o-1
+    with pytest.raises(DataLossError, match=r"offsets \[0, 20\) of stream 'o-1' are lost"):
+        jobs.plan_read(_CONN, superstream="o", consumer="etl", starting_offsets="latest")
+    plan = jobs.plan_read(
+        _CONN, superstream="o", consumer="etl", starting_offsets="latest", fail_on_data_loss=False
+    )
+    assert plan.ranges == {"o-0": (50, 100), "o-1": (20, 200)} and plan.data_loss == {"o-1": [0, 20]}
 
 
 def test_an_unfinished_record_is_resumed_whole_whatever_the_retry_asks(
@@ -71,7 +92,11 @@ def test_an_unfinished_record_is_resumed_whole_whatever_the_retry_asks(
     retry = jobs.plan_read(_CONN, superstream="o", consumer="etl", max_messages=5, end={"o-0": 99})
     assert retry.resumed and retry.ranges == first.ranges  # both partitions, as recorded
     assert retry.token.value == first.token.value and retry.seen == first.seen
-    assert len(runs["written"]) == 1  # a resumed record is not written again
+    # A resumed record is written again as its next attempt: the record pointer moves (the fence).
+    assert [(r.attempt, r.state, r.token) for r in runs["written"]] == [
+        (0, "planned", first.token.value),
+        (1, "planned", first.token.value),
+    ]
 
 
 def test_a_finished_or_foreign_record_is_not_resumed(
@@ -126,11 +151,14 @@ def test_retention_below_the_plan_is_data_loss_or_clamped(
     tracking: type[_Tracking],  # noqa: F811
     runs: dict[str, Any],
 ) -> None:
+    tracking.stored[("etl", "o-0")] = 19
     tracking.stored[("etl", "o-1")] = 4  # next 5, but o-1 starts at 20 now
     with pytest.raises(DataLossError, match=r"offsets \[5, 20\) of stream 'o-1' are lost \(15 offsets\)"):
         jobs.plan_read(_CONN, superstream="o", consumer="etl")
     plan = jobs.plan_read(_CONN, superstream="o", consumer="etl", fail_on_data_loss=False)
     assert plan.ranges["o-1"] == (20, 200) and not plan.fail_on_data_loss
+    # Skipped, and said: the run's summary carries what planning found lost.
+    assert plan.data_loss == {"o-1": [5, 20]}
 
 
 def test_caps_and_bad_arguments(

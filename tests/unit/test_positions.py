@@ -117,3 +117,17 @@ def test_a_timestamp_start_before_the_oldest_chunk_of_a_truncated_stream_is_data
     for pos in ("earliest", {"o-0": 0}, '{"o-0": 0}'):  # not times: nothing to check, nothing asked
         assert timestamp_start_loss(old, B, pos, True) == {}  # type: ignore[arg-type]
     assert len(old.asked) == asked
+
+
+class _NoBroker:
+    """A client any call to which fails the test: the check must not ask the broker."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the broker was asked ({name}) for an end that is not a time")
+
+
+@pytest.mark.parametrize("end", ["latest", {"o-0": 5}, '{"o-0": 5}'])
+def test_an_end_that_is_no_time_is_never_checked_against_the_broker_clock(end: object) -> None:
+    from pyspark_rmqs.broker.positions import check_time_end
+
+    check_time_end(_NoBroker(), ["o-0"], end, datetime.now(UTC))  # type: ignore[arg-type]

@@ -5,20 +5,23 @@ never reads messages. Every data-loss decision goes through `report_data_loss`. 
 (earliest, latest, offsets, offsets JSON, timestamps, the watermark) have one resolver,
 `resolve_positions`, used by the Spark batch and streaming readers and the orchestration jobs; a
 start by timestamp on a stream retention truncated is checked by one function,
-`timestamp_start_loss`, used by the same three.
+`timestamp_start_loss`, used by the same three. Whether the broker's clock passed a time (a time
+window's or a time range's end: `broker_time_bounds`, `check_time_end`) is decided here too, for
+Dagster's time windows and Airflow's time ranges alike.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pyspark_rmqs.broker.client import BrokerClient, parse_version
+from pyspark_rmqs.broker.client import BrokerClient, TimeBound, parse_version
 from pyspark_rmqs.core.codec import to_millis
 from pyspark_rmqs.core.errors import (
     ConfigurationError,
+    OpenWindowError,
     UnsupportedBrokerError,
     lost_message,
     report_data_loss,
@@ -240,6 +243,95 @@ def timestamp_start_loss(
         report_data_loss(fail_on_data_loss, lost_message(s, 0, removed, why))
         lost[s] = [0, removed]
     return lost
+
+
+def broker_time_bounds(
+    client: BrokerClient, streams: Sequence[str], times: Iterable[int], *, ended: Collection[int] = ()
+) -> dict[int, dict[str, TimeBound]]:
+    """Where each time (epoch ms) falls on each stream by the broker's clock: `TimeBound` per time
+    and stream (`BrokerClient.time_bounds`: passed or not, and the offset there).
+
+    `ended` holds the times the caller's own clock says have passed, and that clock decides nothing
+    else: where one of them shows no chunk that late (an idle stream, where no message would show
+    it), the broker is asked to timestamp one (`stamp_clock`, an offset-tracking entry that holds no
+    message and moves no consumer), then asked again, and its answer decides. A caller whose clock
+    is ahead of the broker's gets "not passed" all the same.
+    """
+    ordered = sorted(set(times))
+    found = client.time_bounds(streams, ordered)
+    idle = [
+        s for s in streams if any(t in ended and not b.passed for t, b in zip(ordered, found[s], strict=True))
+    ]
+    if idle:
+        log.info("asking the broker for its clock on %s (an offset-tracking entry)", idle)
+        client.stamp_clock(idle)
+        found.update(client.time_bounds(idle, ordered))
+    return {t: {s: found[s][i] for s in streams} for i, t in enumerate(ordered)}
+
+
+def open_on(at: Mapping[str, TimeBound]) -> dict[str, int | None]:
+    """The streams on which a time has not passed, with their newest chunk's timestamp (None: empty)."""
+    return {s: b.last_timestamp for s, b in at.items() if not b.passed}
+
+
+def describe_open(end: datetime, still_open: Mapping[str, int | None]) -> str:
+    """The broker's clock on streams where `end` has not passed: each one's newest chunk's time."""
+    newest = []
+    for s, ts in sorted(still_open.items()):
+        if ts is None:
+            newest.append(f"'{s}' is empty")
+        else:
+            at = datetime.fromtimestamp(ts / 1000, UTC)
+            before = (end - at).total_seconds()
+            newest.append(f"the newest chunk of '{s}' is timestamped {at.isoformat()}, {before:.1f} s before")
+    return "; ".join(newest)
+
+
+def check_time_end(
+    client: BrokerClient,
+    streams: Sequence[str],
+    end: Position,
+    now: datetime,
+    *,
+    start: Position | None = None,
+) -> None:
+    """Refuse a read whose end is a time the broker's clock has not reached (`OpenWindowError`).
+
+    A time end resolves to the first chunk timestamped at or after it; before the broker's clock
+    reaches it there is none, and the end would be the tails. The next range starts at that time,
+    so a message timestamped before it that arrives after this run would be in neither: the range
+    is refused instead, before anything is read. The error is retryable, as Dagster's open windows
+    are (`dagster_rmqs.windows`): the end passes with time, and a retry then reads the whole range
+    (Airflow's `retries` with a `retry_delay` wait it out). Waiting here instead was not chosen: how
+    early a run starts is unbounded (a manual trigger, a catch-up, a worker's clock ahead), a wait
+    would hold a worker slot for it and still need a refusal past its bound, and retries already
+    wait visibly, with a delay the DAG chooses.
+
+    Exact: an end that passed (a chunk at or after it, or the broker's clock stamped on an idle
+    stream when `now`, the caller's clock, says it passed) costs one lookup per stream and changes
+    no offset; an end that is not a time (offsets, "latest") is not looked at. The proof comes
+    before the range is planned, so every chunk written after it is timestamped at or after the end
+    and the tails the plan measures next are final for the range. A `start` in the future needs no
+    check of its own: it resolves to the tails, and every message at or after it comes later, in
+    the range of a later run; with a time end at or after it, that end is refused first.
+    """
+    if not is_timestamp(end):
+        return
+    at = to_millis(end)
+    bounds = broker_time_bounds(client, streams, [at], ended=[at] if at <= to_millis(now) else [])[at]
+    still_open = open_on(bounds)
+    if not still_open:
+        return
+    when = datetime.fromtimestamp(at / 1000, UTC)
+    span = f"[{_when(to_millis(start))}, {_when(at)})" if start is not None and is_timestamp(start) else None
+    raise OpenWindowError(
+        f"the read ends at {_when(at)}{f' (the range {span})' if span else ''}, which the broker's clock "
+        f"has not reached ({describe_open(when, still_open)}): ended now, it would stop at the tails, "
+        "and messages timestamped before the end that arrive later would be in neither this range nor "
+        "the next. Nothing was read. Retry once the broker's clock passed the end (the error is "
+        "retryable: retries with a delay wait it out), or run the range after it ended; a clock ahead "
+        "of the broker's (the worker's, the scheduler's) starts such runs early"
+    )
 
 
 def merge_spans(*spans: Mapping[str, list[int]]) -> dict[str, list[int]]:

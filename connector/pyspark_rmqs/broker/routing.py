@@ -4,6 +4,11 @@
 which hashes differently); `key` asks the broker which partitions a routing key is bound to (once
 per key); `custom` calls a `partitionerClass` (`extensions.Partitioner`). `Router.group` splits one
 send into the messages for each partition stream, keeping their rows in the task for errors.
+
+A retry that must put every message where an earlier try put it (a produce run's, a Spark task's
+with a producer name: the broker drops a re-sent message only on the same partition stream under
+the same publishing id) routes over that try's partition list (`Router.pin`), not today's: hash
+routing over a partition added since would move most keys.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import mmh3
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import ROUTING_CALL_TIMEOUT_S
-from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.core.errors import ConfigurationError, RoutingChangedError
 
 HASH_SEED = 104729
 
@@ -67,11 +72,32 @@ class Router:
         self.superstream = superstream
         self.strategy = strategy
         self.partitions: list[str] = []
+        self._pinned: frozenset[str] | None = None  # an earlier try's partitions (`pin`)
         self._routes: dict[str, list[str]] = {}
         self._custom = load_partitioner(partitioner_class) if partitioner_class else None
         if superstream:
             aio = AsyncBrokerClient(conn, patient=True)  # executors: the driver reached the broker
             self.partitions = run_sync(aio.partitions(target), ROUTING_CALL_TIMEOUT_S, "partitions")
+
+    def pin(self, partitions: Sequence[str], why: str) -> None:
+        """Route as an earlier try did, over its `partitions` (in its order) whatever was added since:
+        hash and custom choose among them; key keeps, of the partition streams a key is bound to,
+        those among them (all of them for a key bound to none: that try stopped before such a
+        message, `route` raised). A partition of theirs the super stream no longer has: a
+        `RoutingChangedError` (`why` says whose try it was), before anything is sent."""
+        if not self.superstream:
+            return
+        gone = [p for p in partitions if p not in self.partitions]
+        if gone:
+            raise RoutingChangedError(
+                f"partition stream(s) {gone} of super stream '{self.target}' that {why} routed to are "
+                f"no longer part of it (its partitions now: {self.partitions}): routed over the others, "
+                "re-sent messages would reach other partition streams under other publishing ids, and "
+                "the broker would drop some as re-sent and keep others twice. Bind the partition "
+                "stream(s) again and retry"
+            )
+        self.partitions = list(partitions)
+        self._pinned = frozenset(partitions)
 
     def route(self, routing_key: str | None, row: int = -1) -> list[str]:
         """The partition stream(s) a message with `routing_key` goes to."""
@@ -96,6 +122,8 @@ class Router:
                     f"routing key '{routing_key}' matches no binding of super stream '{self.target}' "
                     "(routingStrategy=key routes by the broker's bindings)"
                 )
+            if self._pinned is not None:
+                return [s for s in found if s in self._pinned] or found
             return found
         assert self._custom is not None
         chosen = self._custom(routing_key, list(self.partitions))

@@ -48,7 +48,15 @@ log = logging.getLogger(__name__)
 class StreamProducer:
     """Synchronous producer for a stream or a super stream (the sink's executor side)."""
 
-    def __init__(self, conn: Any, target: str, *, superstream: bool, settings: WriteSettings) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        target: str,
+        *,
+        superstream: bool,
+        settings: WriteSettings,
+        partitions: Sequence[str] | None = None,
+    ) -> None:
         self.conn = conn
         self.target = target
         self.superstream = superstream
@@ -62,6 +70,8 @@ class StreamProducer:
             strategy=settings.routing_strategy,
             partitioner_class=settings.partitioner_class,
         )
+        if partitions is not None:  # a Spark task: the partitions its job's driver saw
+            self.router.pin(partitions, "this write job")
         self.messages = 0
         self._first_ids: dict[str, int] = {}
         self._skip: dict[str, int] = {}
@@ -75,8 +85,13 @@ class StreamProducer:
         self._first_ids = dict(first_ids)
         self._skip = {s: n for s, n in (skip or {}).items() if n > 0}
 
+    def pin_partitions(self, partitions: Sequence[str], why: str) -> None:
+        """Route over an earlier try's partition list, not today's (`Router.pin`). Before `send`."""
+        self.router.pin(partitions, why)
+
     @property
     def partitions(self) -> list[str]:
+        """The partition streams messages are routed over (today's, or those pinned)."""
         return list(self.router.partitions)
 
     def route(self, routing_key: str | None, row: int = -1) -> list[str]:

@@ -55,6 +55,18 @@ class WatermarkConflictError(RmqsError):
     """
 
 
+class OpenWindowError(RmqsError):
+    """A read ending at a time the broker's clock has not reached: refused before reading anything.
+
+    Ended now, the range would stop at the tails, and a message timestamped before the end that
+    arrives later would be in neither this range nor the next (which starts at that time). The
+    message names the end, the broker's clock (its newest chunk per stream) and what to do.
+    Retryable: the end passes with time, and a retry after it reads the whole range.
+    """
+
+    retryable = True
+
+
 class UnsupportedBrokerError(RmqsError):
     """The broker is too old for a requested feature (super streams 3.11, filtering 3.13)."""
 
@@ -178,6 +190,18 @@ class ProducerBusyError(ConsumerBusyError):
     """
 
 
+class RoutingChangedError(ConfigurationError):
+    """A produce run's retry cannot route its messages as its first try did: a partition stream that
+    try published to is no longer part of the super stream, or the retry routes by another strategy.
+
+    The broker drops a re-sent message only when it reaches the same partition stream under the same
+    publishing id; routed otherwise, the retry's messages would be dropped as re-sent where they are
+    new and kept twice where they are not. Raised before the retry sends anything. Not retryable as
+    it is: bind the partition stream again (or route as the first try did) and retry, or publish
+    under a new run identity (a new run: what the first try stored is then published again).
+    """
+
+
 class LeaseLostError(ConsumerBusyError):
     """A run lost its name's lease mid-run (the broker node its lease's connection was on died, or
     the broker restarted) and could not prove it is still the one run of the name: it could not
@@ -202,11 +226,13 @@ for _error in (
     BrokerUnavailableError,
     BrokerTimeoutError,
     WatermarkConflictError,
+    OpenWindowError,
     UnsupportedBrokerError,
     DataError,
     PublishError,
     ConsumerBusyError,
     ProducerBusyError,
     LeaseLostError,
+    RoutingChangedError,
 ):
     _error.__module__ = "pyspark_rmqs.errors"

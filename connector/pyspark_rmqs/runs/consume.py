@@ -24,6 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pyspark_rmqs.broker.positions import merge_spans
@@ -31,7 +32,14 @@ from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
 from pyspark_rmqs.core.batches import BatchBuilder, value_bytes
 from pyspark_rmqs.core.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions, parse_source_options
-from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken, StoreCommits, covers, takes_token
+from pyspark_rmqs.runs.outputs.delivery import (
+    FileCommits,
+    RunToken,
+    StoreCommits,
+    covers,
+    fsync_file,
+    takes_token,
+)
 from pyspark_rmqs.runs.outputs.objectstore import locate
 from pyspark_rmqs.runs.plan import ReadPlan
 from pyspark_rmqs.runs.steps import finish_run, new_summary, skip_delivered
@@ -172,6 +180,7 @@ class ParquetSink:
         self._writer.close()
         self._writer = None
         if self._tmp != self._final:
+            fsync_file(Path(self._tmp))  # on disk before the commit record names it
             self.fs.move(self._tmp, self._final)
         rel = self.location.relative(self._final)
         self.written.append(rel)
@@ -303,6 +312,7 @@ def _run_consume(
         if hasattr(target, "commit_run"):
             t_commit = time.monotonic()
             try:
+                _fence(plan)
                 target.commit_run()
             except BaseException as e:
                 raise mark_commit_state(e, CommitState.UNKNOWN) from None
@@ -310,6 +320,7 @@ def _run_consume(
         if commits is not None and not plan.is_empty:
             t_commit = time.monotonic()
             try:
+                _fence(plan)
                 files = list(getattr(target, "written", []))
                 commits.commit(token, files, summary.rows, summary.bytes)
             except BaseException as e:
@@ -322,6 +333,15 @@ def _run_consume(
     if not plan.fail_on_data_loss:
         summary.extra["data_loss"] = merge_spans(plan.data_loss, lost)
     return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
+
+
+def _fence(plan: ReadPlan) -> None:
+    """No commit after another run took the name over (`Lease.fence`: one round trip)."""
+    if plan.lease is not None:
+        try:
+            plan.lease.fence("its output's commit")
+        except BaseException as e:
+            raise mark_commit_state(e, CommitState.BEFORE) from None
 
 
 def _without(batch: pa.RecordBatch, spans: list[tuple[int, int]]) -> pa.RecordBatch:
@@ -348,9 +368,13 @@ def _consume(
 ) -> None:
     """Every range of `plan` through `target`, measuring fetch and decode (reader) and flush (sink) time.
 
-    Offsets in `exclude` (already committed in the output) are dropped from the batches."""
+    Offsets in `exclude` (already committed in the output) are dropped from the batches. A lease
+    that ended under the run is kept before every batch (`Lease.keep`: taken back when nobody took
+    the name over, else `LeaseLostError`): no batch reaches the sink once another run may be
+    delivering the same range, unless this process has not yet seen its lease end."""
     fetch = decode = flush = 0.0
     batches = 0
+    lease = plan.lease
     for stream, (start, end) in plan.ranges.items():
         reader = RangeReader(conn, stream, start, end, s)
         target.open(stream, start, end, BatchBuilder(stream, s.metadata_fields).schema)
@@ -358,6 +382,8 @@ def _consume(
         try:
             try:
                 for batch in reader:
+                    if lease is not None:  # a lease that ended under the sink stops it here
+                        lease.keep(f"more of {stream} to its sink")
                     if stream in exclude:
                         batch = _without(batch, exclude[stream])
                     t = time.perf_counter()

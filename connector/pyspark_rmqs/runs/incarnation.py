@@ -10,6 +10,15 @@ stream. Stored offsets live in the stream's own log (carried across retention by
 tracking snapshots), so they vanish with the stream: a re-created stream has none and gets a new
 number. Two processes that mark a new stream at the same moment may both store; the last store
 wins and both read it back, so every later reader agrees.
+
+The decision (issue 42): every stream a watermark run plans is marked, **empty ones included**.
+An unmarked empty stream used to match any recorded incarnation, so a stream deleted and created
+again, then planned while still empty, inherited the old stream's record and had the consumer's old
+watermark stored on it: the first messages of the new stream were never delivered. Marking an empty
+stream costs one offset-tracking entry (its first message is then offset 1, not 0; readers skip
+tracking entries) and happens once in a stream's life. And a marker never leaves a stream, so a
+recorded marker never matches an unmarked stream (`same`): only a record written without a marker
+(a backfill reads markers without writing one) matches any stream.
 """
 
 from __future__ import annotations
@@ -23,12 +32,17 @@ from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.recovery import WATERMARKS_TIMEOUT_S
 
 REFERENCE = "rmqs.incarnation"
-UNMARKED = 0  # an empty stream: no marker yet (matches any incarnation, see `same`)
+UNMARKED = 0  # no marker yet: only a run that stores offsets marks a stream
 
 
 def same(recorded: int, now: int) -> bool:
-    """Whether two incarnations may be the same stream (an unmarked empty stream matches any)."""
-    return recorded == now or UNMARKED in (recorded, now)
+    """Whether a stream recorded as `recorded` may be the stream that is `now`.
+
+    Equal markers, or nothing recorded (a record or commit written before its stream was marked).
+    A recorded marker against an unmarked stream is another stream: markers are never removed, so
+    the recorded stream was deleted and this one created since.
+    """
+    return recorded in (now, UNMARKED)
 
 
 async def _one(client: AsyncBrokerClient, stream: str, mark: bool) -> int:
@@ -36,9 +50,6 @@ async def _one(client: AsyncBrokerClient, stream: str, mark: bool) -> int:
     if found is not None:
         return found
     if not mark:
-        return UNMARKED
-    if (await client.stats(stream)).is_empty:
-        # Nothing to tell apart yet: mark it once it has data (an empty stream's run stores nothing).
         return UNMARKED
     new = secrets.randbelow(2**62) + 1
     await client.store_offset_unconfirmed(REFERENCE, stream, new)

@@ -31,6 +31,7 @@ from typing import Any
 from rstream import schema
 from rstream.constants import OffsetType
 
+from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import open_for
@@ -141,12 +142,38 @@ class Lease:
             )
         log.warning("took the lease on %s back; its record is as this run left it: going on", self.what)
 
+    def fence(self, before: str) -> None:
+        """Before an output commit: prove, with one round trip, that no other run took the name over.
+
+        `keep` trusts the local flag; a process that has not yet seen its connection close (paused,
+        or a connection cut silently) would commit on it. Every run that reads under the name first
+        moves its record pointer (a new record, or a resumed one written again: `record.taken_over`),
+        so a pointer that is no longer where this holder left it means another run may be
+        delivering this very range: `LeaseLostError` before the commit, and the lease given back.
+        """
+        self.keep(before)
+        if self.pointer is _UNKNOWN:
+            return
+        now = BrokerClient(self.conn).stored_offset(self.name, self.stream)
+        if now != self.pointer:
+            self.release()
+            raise LeaseLostError(
+                f"{self.what}: another run of the name took it over while this run was in its sink "
+                f"(record pointer {self.pointer} -> {now}): this run's lease ended without this process "
+                f"seeing it (a paused process, or a connection cut). Stopped before writing {before}; "
+                f"this run committed and stored nothing. Retry the run: {self.retry_advice}"
+            )
+
     def _regain(self, before: str) -> None:
-        """Subscribe again (a fresh connection on a live member), retrying unreachable members until
-        `wait_s` passed; `LeaseLostError` when the name stays held by another run or no member answers."""
+        """Subscribe again (a fresh connection on a live member), waiting `wait_s` for a run that took
+        the name, and retrying unreachable members for the recovery window (`RECOVERY_WINDOW_S`: a
+        broker restarting under the run is waited for as its readers and writers wait for it);
+        `LeaseLostError` when the name stays held by another run or no member answers."""
         unreachable: BrokerUnavailableError | None = None
-        try:
-            got = _acquire_within(self.conn, self.stream, self.name, self.wait_s)
+        try:  # a broker restarting under the run: as long as its readers and writers wait for it
+            got = _acquire_within(
+                self.conn, self.stream, self.name, self.wait_s, unreachable_s=recovery.RECOVERY_WINDOW_S
+            )
         except BrokerUnavailableError as e:
             got, unreachable = None, e
         if got is not None:
@@ -160,7 +187,7 @@ class Lease:
         )
         raise LeaseLostError(
             f"{self.what}: this run lost its lease (its connection to the broker closed: a node down "
-            f"or a broker restart) and could not take it back within {self.wait_s:.0f} s: {why}. "
+            f"or a broker restart) and could not take it back in time: {why}. "
             f"Stopped before writing {before}; this run stored nothing more. Retry once the broker is "
             f"reachable: {self.retry_advice}"
         )
@@ -279,21 +306,25 @@ async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[Rm
     return client, sub
 
 
-def _acquire_within(conn: Any, stream: str, name: str, wait_s: float) -> tuple[RmqsClient, int] | None:
-    """`_acquire` within `wait_s` in all: a records stream that cannot be subscribed to for now (a
-    member restarting, an election, a member list naming a node that just died) is tried again until
-    then (`recovery.retry_sync`, the one retry loop). None when another subscription of the name stays
-    active; `BrokerUnavailableError` (the last one) when no member could be subscribed to."""
-    deadline = time.monotonic() + wait_s
+def _acquire_within(
+    conn: Any, stream: str, name: str, wait_s: float, *, unreachable_s: float | None = None
+) -> tuple[RmqsClient, int] | None:
+    """`_acquire`, waiting up to `wait_s` for another holder, and a records stream that cannot be
+    subscribed to for now (a member restarting, an election, a member list naming a node that just
+    died) tried again until `unreachable_s` (default `wait_s`) passed (`recovery.retry_sync`, the
+    one retry loop). None when another subscription of the name stays active; `BrokerUnavailableError`
+    (the last one) when no member could be subscribed to."""
+    window = wait_s if unreachable_s is None else max(wait_s, unreachable_s)
+    deadline = time.monotonic() + window
 
     def attempt() -> tuple[RmqsClient, int] | None:
-        left = max(deadline - time.monotonic(), 0.1)
+        left = min(wait_s, max(deadline - time.monotonic(), 0.1))
         return run_sync(_acquire(conn, stream, name, left), left + 60.0, f"lease on '{name}'")
 
     return retry_sync(
         f"subscribe to '{stream}'",
         attempt,
-        window=wait_s,
+        window=window,
         deadline=deadline,
         exhausted=lambda err: err,
         on_retry=lambda err, _pause, _n: log.debug(

@@ -19,7 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.broker.positions import Bounds, Position, resolve_positions, timestamp_start_loss
+from pyspark_rmqs.broker.positions import (
+    Bounds,
+    Position,
+    merge_spans,
+    resolve_positions,
+    timestamp_start_loss,
+)
 from pyspark_rmqs.core import offsets as off
 from pyspark_rmqs.core.errors import lost_message, report_data_loss
 from pyspark_rmqs.core.target import Target
@@ -158,14 +164,17 @@ def plan_range(
     lost = timestamp_start_loss(client, b, start, fail_on_data_loss)
     if isinstance(start, str) and start == "watermark":
         starts.update({s: v for s, v in recorded.items() if s in starts})
+        if previous is not None or any(v is not None for v in seen.values()):
+            starts.update(_new_partitions(seen, recorded, starts))
     ends = resolve_positions(client, b, end, is_end=True)
     for p in w.partitions:
         s = p.stream
         if starts[s] < p.first and ends[s] > starts[s]:
+            gone = [starts[s], min(p.first, ends[s])]
             report_data_loss(
-                fail_on_data_loss,
-                lost_message(s, starts[s], min(p.first, ends[s]), "retention removed them before this run"),
+                fail_on_data_loss, lost_message(s, gone[0], gone[1], "retention removed them before this run")
             )
+            lost = merge_spans(lost, {s: gone})  # skipped: the summary's `data_loss` says so
         starts[s] = max(starts[s], p.first)
         ends[s] = max(starts[s], min(ends[s], p.tail))
     if max_messages is not None:
@@ -182,6 +191,23 @@ def plan_range(
         incarnations,
         data_loss=lost,
     )
+
+
+def _new_partitions(
+    seen: Mapping[str, int | None], recorded: Mapping[str, int], starts: Mapping[str, int]
+) -> dict[str, int]:
+    """Where a consumer that has run before starts on partition streams it has never seen: offset 0.
+
+    `starting_offsets` ("earliest" / "latest") places a consumer's first run. A partition stream
+    bound to the super stream after that run, or a stream deleted and created again since (its
+    stored offsets went with it, and its record no longer applies), began after the consumer did:
+    everything in it is new to the consumer, as Spark's Kafka source reads partitions added to a
+    topic from their start. Planning clamps 0 to the first offset retention kept (data loss).
+    """
+    new = {s: 0 for s in starts if seen.get(s) is None and s not in recorded}
+    if new:
+        log.info("partition stream(s) %s are new to the consumer: read from their start", sorted(new))
+    return new
 
 
 def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fail: bool) -> ReadPlan:

@@ -11,8 +11,10 @@ With a producer name a call is a produce run (`runs.producer`): it holds the nam
 stream or super stream while it sends (a second run of the name fails with `ProducerBusyError`
 before it sends), and numbers its messages from its run identity's record, so a retry with the same
 `run_identity` adds only what its failed try did not get stored: the messages must then be the same,
-in the same order. Without a producer name nothing is recorded or held, and nothing deduplicated:
-a retry publishes everything again.
+in the same order. On a super stream every try of a run routes over the partition list its first
+try recorded, whatever was added since (a partition removed since, or another routing strategy:
+`RoutingChangedError` before it sends). Without a producer name nothing is recorded or held, and
+nothing deduplicated: a retry publishes everything again.
 """
 
 from __future__ import annotations
@@ -120,15 +122,25 @@ def run_produce(
         )
     with StreamProducer(conn, target.name, superstream=is_super, settings=s) as producer:
         streams = producer.partitions if is_super else [target.name]
+        routing = producer_runs.routing_name(s.routing_strategy, s.partitioner_class)
         run = (
             producer_runs.begin(
-                conn, name, target, streams, run_identity, wait_s=lease_wait_s, pipeline=pipeline
+                conn,
+                name,
+                target,
+                streams,
+                run_identity,
+                wait_s=lease_wait_s,
+                pipeline=pipeline,
+                routing=routing,
             )
             if name
             else None
         )
         try:
             if run is not None:
+                if run.run.partitions is not None:  # a super stream: as the run's first try routed
+                    producer.pin_partitions(run.run.partitions, f"run '{run.run.identity}' of '{name}'")
                 producer.number_from(run.run.bases, run.run.skip)
             _send_all(producer, messages, target, batch, run)
             producer.flush()

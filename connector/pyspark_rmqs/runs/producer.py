@@ -16,22 +16,30 @@ So a produce run with a producer name
   identity's first try recorded. The producer record lives in `rmqs.runs` beside the consumers'
   run records (`record.write_body`: a message, then the key's pointer); it holds, newest first, the
   last `HISTORY` runs of the name, each with its base per partition stream (the first publishing id
-  it used: the broker's sequence + 1 when it began) and the messages it skips (below).
+  it used: the broker's sequence + 1 when it began) and the messages it skips (below); on a super
+  stream also the partition list its first try routed over, in order, and its routing strategy.
+
+A message keeps its id only if it reaches the partition stream it reached the first time: ids are
+positional per partition stream. So every try of a run routes over its first try's partition list,
+not today's (hash routing over a partition added since would move most keys: the broker would drop
+new messages as re-sent and keep re-sent ones twice). A partition added since gets none of the
+run's messages (the next run routes over it); one removed since, or another routing strategy,
+fails the try with `RoutingChangedError` before it sends.
 
 What a try does, in this order (`begin`):
 1. take the lease: from here on nobody else sends under the name or writes its record;
 2. read the record, then the broker's sequence on every partition stream. Under the lease both
    change only through this try, which has sent nothing yet, so they agree with each other;
 3. decide the numbering (`plan_run`):
-   - the identity is the newest run (a retry): the same bases and skips as its first try. Its
-     messages get the ids they had, and the broker drops those it stored already;
+   - the identity is the newest run (a retry): the same partition list, bases and skips as its
+     first try. Its messages get the ids they had, and the broker drops those it stored already;
    - the identity is an older run (another run of the name ran after its failed try): the ids it
      got stored are those from its base up to where the next run began (the record keeps that as
      its ends), per partition stream. Numbered from its old base, its missing messages would be
      dropped too (their ids are now below the sequence), so it skips that many of its first
      messages to each partition stream instead, and numbers the rest after the sequence: it
-     becomes the newest run again, with the summed skips;
-   - a new identity: bases after the sequence, nothing skipped;
+     becomes the newest run again, with the summed skips and its first try's partition list;
+   - a new identity: today's partitions, bases after the sequence, nothing skipped;
 4. write the record when it changed (a retry of the newest run changes nothing), and only then send.
 
 Crashes: the record is a message published first and a pointer stored second (the pointer is the
@@ -55,12 +63,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.core.errors import ConsumerBusyError, ProducerBusyError
+from pyspark_rmqs.core.errors import ConsumerBusyError, ProducerBusyError, RoutingChangedError
 from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.runs import lease as leases
 from pyspark_rmqs.runs import record
@@ -71,6 +79,11 @@ KIND = "producer"
 VERSION = 1
 HISTORY = 16  # runs of one producer name kept in its record (a retry finds its own among them)
 MAX_RECORD_BYTES = 256_000  # older runs are left out of a record past this size
+
+
+def routing_name(strategy: str, partitioner_class: str | None = None) -> str:
+    """How a run routes, as its record keeps it: `hash`, `key` or `custom:<partitionerClass>`."""
+    return f"custom:{partitioner_class}" if strategy == "custom" else strategy
 
 
 def producer_key(producer: str, target: str) -> str:
@@ -92,6 +105,10 @@ class ProducerRun:
     ends: dict[str, int] | None = None
     pipeline: str | None = None
     started_at: float = field(default_factory=time.time)
+    # A super stream's partition streams its first try routed over, in their order, and how it
+    # routed (`routing_name`): every try routes so. None: a stream, or a record written before rmqs kept them.
+    partitions: tuple[str, ...] | None = None
+    routing: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"identity": self.identity, "bases": self.bases, "started_at": self.started_at}
@@ -101,6 +118,10 @@ class ProducerRun:
             d["ends"] = self.ends
         if self.pipeline:
             d["pipeline"] = self.pipeline
+        if self.partitions is not None:
+            d["partitions"] = list(self.partitions)
+        if self.routing is not None:
+            d["routing"] = self.routing
         return d
 
     @classmethod
@@ -112,6 +133,8 @@ class ProducerRun:
             ends=None if d.get("ends") is None else {s: int(v) for s, v in d["ends"].items()},
             pipeline=d.get("pipeline"),
             started_at=float(d.get("started_at", 0.0)),
+            partitions=None if d.get("partitions") is None else tuple(str(p) for p in d["partitions"]),
+            routing=d.get("routing"),
         )
 
     def stored(self) -> dict[str, int]:
@@ -182,28 +205,85 @@ def latest(
     return None if body is None else ProducerRecord.from_json(body)
 
 
+def _check_routing(
+    previous: ProducerRecord, run: ProducerRun, partitions: Sequence[str] | None, routing: str | None
+) -> None:
+    """A retry of `run` routes as its first try did, or fails before it sends (`RoutingChangedError`)."""
+    where = f"super stream '{previous.target}'"
+    whose = f"run '{run.identity}' of producer '{previous.producer}'"
+    if run.partitions is not None and partitions is not None:
+        gone = [p for p in run.partitions if p not in partitions]
+        if gone:
+            raise RoutingChangedError(
+                f"partition stream(s) {gone} of {where} that {whose} routed to on its first try are no "
+                f"longer part of it (its partitions now: {list(partitions)}); this try sent nothing. "
+                "Routed over the others, its re-sent messages would reach other partition streams under "
+                "other publishing ids: the broker would drop some as re-sent and keep others twice. Bind "
+                "the partition stream(s) again and retry, or publish under a new run identity (a new "
+                "run: what the first try stored is then published again)"
+            )
+    if run.routing is not None and routing is not None and run.routing != routing:
+        raise RoutingChangedError(
+            f"{whose} on {where} routed by '{run.routing}' on its first try and this try routes by "
+            f"'{routing}'; this try sent nothing. Its re-sent messages would reach other partition "
+            "streams under other publishing ids: retry with the first try's routing, or publish under a "
+            "new run identity"
+        )
+
+
 def plan_run(
-    previous: ProducerRecord | None, identity: str, sequences: Mapping[str, int], pipeline: str | None = None
+    previous: ProducerRecord | None,
+    identity: str,
+    sequences: Mapping[str, int],
+    pipeline: str | None = None,
+    *,
+    partitions: Sequence[str] | None = None,
+    routing: str | None = None,
 ) -> tuple[ProducerRun, bool, tuple[ProducerRun, ...] | None]:
     """This try's numbering from the record and the broker's sequences (both read under the lease).
 
-    Returns the run, whether it resumes a recorded run, and the runs to record (None: the record
-    stays as it is). See the module docstring.
+    `partitions` (a super stream's partition streams today, in order) and `routing`
+    (`routing_name`) are recorded with a new run; a retry keeps its first try's, or fails with
+    `RoutingChangedError` when the super stream lost one of them or the routing changed. Returns
+    the run, whether it resumes a recorded run, and the runs to record (None: the record stays as
+    it is). See the module docstring.
     """
     runs = previous.runs if previous is not None else ()
     after = {s: seq + 1 for s, seq in sequences.items()}
+    today = None if partitions is None else tuple(partitions)
+    how = None if today is None else routing
     if runs and runs[0].identity == identity:
+        assert previous is not None
         newest = runs[0]
-        # A partition stream the first try did not know (added since) got nothing from it.
-        run = replace(newest, bases={**after, **newest.bases})
+        _check_routing(previous, newest, today, routing)
+        # A partition stream added since gets none of its messages when it routes over its first
+        # try's partitions; it has a base all the same (a key bound to it alone routes there).
+        # A run recorded without its partitions routes over today's from now on.
+        run = replace(
+            newest,
+            bases={**after, **newest.bases},
+            partitions=today if newest.partitions is None else newest.partitions,
+            routing=how if newest.routing is None else newest.routing,
+        )
         return run, True, None if run == newest else (run, *runs[1:])
     mine = next((r for r in runs[1:] if r.identity == identity), None)
     if mine is None:
-        run = ProducerRun(identity, after, {}, None, pipeline)
+        run = ProducerRun(identity, after, {}, None, pipeline, partitions=today, routing=how)
     else:
+        assert previous is not None
+        _check_routing(previous, mine, today, routing)
         stored = mine.stored()
         skip = {s: mine.skip.get(s, 0) + stored.get(s, 0) for s in {*mine.skip, *stored}}
-        run = ProducerRun(identity, after, skip, None, pipeline, mine.started_at)
+        run = ProducerRun(
+            identity,
+            after,
+            skip,
+            None,
+            pipeline,
+            mine.started_at,
+            today if mine.partitions is None else mine.partitions,
+            how if mine.routing is None else mine.routing,
+        )
     # The run that was newest ends where this one begins.
     ended = tuple(r if r.ends is not None else replace(r, ends=after) for r in runs if r.identity != identity)
     return run, mine is not None, (run, *ended[: HISTORY - 1])
@@ -276,9 +356,14 @@ def begin(
     *,
     wait_s: float | None = None,
     pipeline: str | None = None,
+    routing: str | None = None,
 ) -> ProducerTry:
     """Take the producer name's lease and decide this try's numbering (the steps of the module
-    docstring, in that order). Release it with `ProducerTry.release()` when the run ends."""
+    docstring, in that order). Release it with `ProducerTry.release()` when the run ends.
+
+    `streams`: the stream, or the super stream's partition streams today (in order); a super
+    stream's try routes over `ProducerTry.run.partitions` (its first try's) and by `routing`."""
+    streams = list(streams)
     leases.check_name(producer, "producer name")
     wait = leases.DEFAULT_WAIT_S if wait_s is None else wait_s
     before = latest(conn, producer, target.name)  # only to name the holder if the name is busy
@@ -286,7 +371,14 @@ def begin(
     try:
         previous = latest(conn, producer, target.name, lease=lease)  # under the lease: only this try writes
         sequences = BrokerClient(conn).publisher_sequences(producer, streams)
-        run, resumed, runs = plan_run(previous, identity or uuid.uuid4().hex, sequences, pipeline)
+        run, resumed, runs = plan_run(
+            previous,
+            identity or uuid.uuid4().hex,
+            sequences,
+            pipeline,
+            partitions=streams if target.is_super else None,
+            routing=routing if target.is_super else None,
+        )
         if runs is not None:  # the pointer moves last: a crash before it leaves the old record
             updated = ProducerRecord(producer, target.name, runs)
             lease.keep("its record")
@@ -300,6 +392,17 @@ def begin(
             run.bases,
             f", skipping {run.skip} message(s) stored before" if any(run.skip.values()) else "",
         )
+        added = [p for p in streams if run.partitions is not None and p not in run.partitions]
+        if added:
+            log.warning(
+                "producer '%s' on %s: run '%s' routes over the partition streams its first try routed "
+                "over, %s; %s, added since, get(s) none of its messages (the next run routes over them)",
+                producer,
+                target.describe(),
+                run.identity,
+                list(run.partitions or ()),
+                added,
+            )
         return ProducerTry(conn, producer, target, run, resumed, sequences, lease, wait)
     except BaseException:
         lease.release()

@@ -74,6 +74,9 @@ class RunRecord:
     pipeline: str | None = None
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    # Which try of the run wrote it: each resume writes the record again with the next attempt, so
+    # the record pointer moves before the resuming run reads (the fence `Lease.fence` checks).
+    attempt: int = 0
 
     @property
     def key(self) -> str:
@@ -86,6 +89,10 @@ class RunRecord:
     def moved_to(self, state: str) -> RunRecord:
         assert state in STATES
         return replace(self, state=state, updated_at=time.time())
+
+    def taken_over(self) -> RunRecord:
+        """The same run, resumed by its next attempt (same ranges, token and state)."""
+        return replace(self, attempt=self.attempt + 1, updated_at=time.time())
 
     def abandoned(self) -> RunRecord:
         """This unfinished run given up (`rmqs watermark set`): done, and it read nothing.
@@ -104,7 +111,8 @@ class RunRecord:
         """Who runs it, for messages: the pipeline and run id, and since when."""
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))
         who = f"pipeline '{self.pipeline}', " if self.pipeline else ""
-        return f"{who}run {self.run_id[:12]} started {since}, {self.state}"
+        again = f", attempt {self.attempt + 1}" if self.attempt else ""
+        return f"{who}run {self.run_id[:12]} started {since}, {self.state}{again}"
 
     def to_json(self) -> bytes:
         d = asdict(self)

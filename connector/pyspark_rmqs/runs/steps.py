@@ -30,10 +30,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.broker.client import BrokerClient
-from pyspark_rmqs.broker.positions import Position, merge_spans
+from pyspark_rmqs.broker.positions import Position, check_time_end, is_timestamp, merge_spans
 from pyspark_rmqs.core.errors import CommitState, ConfigurationError, mark_commit_state
 from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
@@ -84,12 +85,26 @@ def plan_read(
     before anything is read. Other runs (explicit offsets or times: backfills) hold nothing,
     record nothing and never store. Release the lease with `plan.release()` if the plan is not
     run (`run_read`, `run_consume` and the operators release it).
+
+    An `end` given as a time must have passed by the broker's clock (`positions.check_time_end`):
+    before it has, the range would stop at the tails and a message timestamped before the end that
+    arrives later would be in neither this range nor the next, which starts at that time. Such a
+    plan fails with the retryable `OpenWindowError` before anything is read or recorded.
+
+    Every storing run resumes an unfinished record, whatever its start (a run planned at explicit
+    offsets or times and killed after its output committed must not plan a new range on retry).
+    A resumed record is written again first (`RunRecord.taken_over`: its next attempt), so the
+    record pointer moves before this run reads: a run that lost the lease while still in its sink
+    finds the pointer moved at its next lease check (`Lease.fence`) and stops before it commits.
     """
     if starting_offsets not in ("earliest", "latest"):
         raise ConfigurationError(f"starting_offsets must be 'earliest' or 'latest'; got {starting_offsets!r}")
     if max_messages is not None and max_messages < 1:
         raise ConfigurationError(f"max_messages must be at least 1; got {max_messages}")
     target = Target.of(stream, superstream)
+    if is_timestamp(end):  # before the tails are measured, so they are final for the range
+        client = BrokerClient(conn)
+        check_time_end(client, target.streams(client), end, datetime.now(UTC), start=start)
     watermark_start = isinstance(start, str) and start == "watermark"
     if not consumer or not (watermark_start if persist is None else persist):
         return _plan(
@@ -121,10 +136,12 @@ def plan_read(
             starting_offsets,
             fail_on_data_loss,
             previous,
-            resume=watermark_start,
+            resume=True,
             stores=True,
         )
-        if plan.record is None:  # a new run: its record is written before anything is read
+        if plan.record is not None:  # resumed: the takeover moves the pointer (the fence, see below)
+            plan = replace(plan, record=run_record.write(conn, plan.record.taken_over(), lease=lease))
+        else:  # a new run: its record is written before anything is read
             record = run_record.RunRecord(
                 consumer=consumer,
                 run_id=uuid.uuid4().hex,
@@ -311,12 +328,17 @@ def _commit_files(
                 exclude=done,
             )
             _count_read(summary, obs)
-            files = commits.publish(token)
+            _fence(plan, "its files' publish")
+            files = commits.publish(token, stage)
         else:
             summary.rows = summary.bytes = summary.records_written = None
     except BaseException as e:
         raise mark_commit_state(e, CommitState.BEFORE) from None
     t_commit = time.monotonic()
+    try:
+        _fence(plan, "its output's commit record")
+    except BaseException as e:
+        raise mark_commit_state(e, CommitState.BEFORE) from None
     try:
         commits.commit(token, files, summary.rows, summary.bytes)
     except BaseException as e:
@@ -324,6 +346,12 @@ def _commit_files(
     summary.commit_ms = _ms_since(t_commit)
     summary.bytes_written = sum((commits.root / f).stat().st_size for f in files)
     summary.extra["files"] = len(files)
+
+
+def _fence(plan: ReadPlan, before: str) -> None:
+    """No publish or commit after another run took the name over (`Lease.fence`: one round trip)."""
+    if plan.lease is not None:
+        plan.lease.fence(before)
 
 
 def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:

@@ -5,7 +5,8 @@ each Arrow batch into messages, route them (super streams) and publish with a bo
 window. `write()` returns only after every confirm arrived, so a task that succeeded has all its
 rows in the broker; Spark's commit then only records what was written.
 
-Deduplication (`producerName`) suppresses re-sent messages and never drops new ones. The broker
+Deduplication (`producerName`) suppresses re-sent messages, and drops no new one as long as a
+re-run yields the same rows in the same order (below). The broker
 keeps, per (stream, producer name), the highest publishing id it stored and drops any message at or
 below it; so each name must belong to one run of one job, and ids must be the same when that run
 re-sends the same rows:
@@ -19,9 +20,21 @@ re-sends the same rows:
   checkpoint (a new query id) never collides with an old one. Without a query id in the task's
   local properties, the epoch's writer token stands in: task retries are still deduplicated,
   replays are not (at-least-once, never a loss).
-Row order must be the same on a re-run: a non-deterministic input (an unordered shuffle, `rand()`,
-a source that does not replay the same rows) voids the deduplication of re-sent rows (still at
-least once). Sub-entry batching numbers whole batches, so it does not deduplicate single messages.
+Row order must be the same on a re-run: ids are positions, not contents, so with non-deterministic
+input (an unordered shuffle, `rand()`, a source that does not replay the same rows) the broker drops
+the new rows at positions an earlier attempt stored and keeps re-sent rows at later positions twice
+(docs/failure-semantics.md, "Writes with `producerName`"). Sub-entry batching numbers whole
+batches, so it does not deduplicate single messages.
+
+A re-sent row must also reach the partition stream it reached before: ids are positional per
+partition stream. A batch job with `producerName` on a super stream asks for its partitions once,
+on the driver (`job_partitions`), and every task and attempt routes over that list, so a partition
+added while the job runs changes nothing for it (the next job routes over it), and one removed
+fails the task with `RoutingChangedError`. A streaming query's tasks still route over the
+partitions of the moment they start (its writer lives as long as the query, which must route over
+a partition added meanwhile): a partition added between a failed attempt and its retry, or before
+an epoch is replayed, moves re-sent rows, and the broker may drop some new rows as re-sent and keep
+others twice.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.core.batches import MessageEncoder
 from pyspark_rmqs.core.errors import ConfigurationError, DataError
@@ -224,10 +238,24 @@ def write_settings(opts: SinkOptions, dedup: Dedup) -> WriteSettings:
     )
 
 
+def job_partitions(opts: SinkOptions) -> list[str] | None:
+    """Driver side, once per batch write job with `producerName` on a super stream: the partition
+    streams every task and attempt of the job routes over (see the module docstring). None: each
+    task asks for them when it starts."""
+    if not (opts.producer_name and opts.is_super_stream and opts.superstream):
+        return None
+    return BrokerClient(opts.connection).partitions(opts.superstream)
+
+
 def write_task(
-    opts: SinkOptions, columns: list[str], job_token: str, batches: Iterator[pa.RecordBatch]
+    opts: SinkOptions,
+    columns: list[str],
+    job_token: str,
+    batches: Iterator[pa.RecordBatch],
+    partitions: list[str] | None = None,
 ) -> WriteResult:
-    """Executor side: publish every row of this task and wait for every confirm."""
+    """Executor side: publish every row of this task and wait for every confirm; on a super stream
+    routed over `partitions` (the job's, `job_partitions`) when given, else over today's."""
     task = _task_identity()
     dedup = dedup_for(opts.producer_name, job_token, task)
     encoder = MessageEncoder(
@@ -236,7 +264,11 @@ def write_task(
         stream=None if opts.is_super_stream else opts.stream,
     )
     producer = StreamProducer(
-        opts.connection, opts.name, superstream=opts.is_super_stream, settings=write_settings(opts, dedup)
+        opts.connection,
+        opts.name,
+        superstream=opts.is_super_stream,
+        settings=write_settings(opts, dedup),
+        partitions=partitions,
     )
     try:
         for batch in batches:
@@ -266,9 +298,10 @@ class RabbitMQStreamsWriter(DataSourceArrowWriter):
         self.opts = opts
         self.columns = columns
         self.job_token = new_job_token()  # pickled with the writer: one per job, shared by every attempt
+        self.partitions = job_partitions(opts)  # the same: every attempt routes over them
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return write_task(self.opts, self.columns, self.job_token, iterator)
+        return write_task(self.opts, self.columns, self.job_token, iterator, self.partitions)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         total = sum(sum(m.messages.values()) for m in messages if isinstance(m, WriteResult))

@@ -11,6 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import re
+import signal
 import threading
 import time
 import urllib.request
@@ -20,16 +23,21 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from pyspark_rmqs import consume, jobs
 from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.reader import RangeReader, ReadSettings, read_range
 from pyspark_rmqs.broker.writer import StreamProducer, WriteSettings
 from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.core.errors import BrokerUnavailableError, PublishError
+from pyspark_rmqs.errors import LeaseLostError, classify
+from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.watermarks import watermarks
 from tests.e2e.faults.support import (
     RestartWhen,
     SteadyProducer,
     assert_exact,
     broker_down,
+    broker_pids,
     broker_up,
     paced,
     wait_for,
@@ -237,6 +245,55 @@ def test_streaming_query_and_producer_ride_out_broker_restart(
     assert_exact(rows, expected)
 
 
+@pytest.mark.parametrize("producer_name", [None, "crash"], ids=["no-producerName", "producerName"])
+def test_a_write_re_sends_its_unconfirmed_frames_after_a_broker_crash(
+    restartable: BrokerSettings, streams, caplog: pytest.LogCaptureFixture, producer_name: str | None
+) -> None:  # type: ignore[no-untyped-def]
+    """A producer with up to 1,000 messages in flight: 5,000 confirmed, then the broker frozen
+    (SIGSTOP) while 1,000 more are sent, killed (SIGKILL) and started again. (A graceful stop confirms
+    what it stored before it closes, which leaves nothing to re-send.) The producer reconnects and
+    re-sends its unconfirmed frames, in order, with their publishing ids: the stream holds every
+    message in order of first appearance (never a gap); without a producer name the broker keeps
+    what it had stored of them again (at most one repeat per re-sent frame, fewer than one confirm
+    window), with one it drops those: every message once."""
+    s = streams.stream("fn")
+    window = 1000
+    sent = [f"n{i:06d}".encode() for i in range(20_000)]
+    caplog.set_level(logging.WARNING, logger="pyspark_rmqs.broker.publisher")
+    settings = WriteSettings(max_in_flight=window, producer_name=producer_name, resume_sequence=False)
+    with StreamProducer(conn_of(restartable), s, superstream=False, settings=settings) as p:
+        p.send([encode(b) for b in sent[:5000]])
+        p.flush()
+        pids = broker_pids()
+        assert pids, "the broker's processes are not on this machine"
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            for i in range(5000, 6000, 100):  # in the socket, never read: unconfirmed
+                p.send([encode(b) for b in sent[i : i + 100]])
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            broker_up()
+        for i in range(6000, len(sent), 1000):
+            p.send([encode(b) for b in sent[i : i + 1000]])
+        p.flush()
+    got = read_range(conn_of(restartable), s, 0, client(restartable).tail(s)).column("value").to_pylist()
+    assert list(dict.fromkeys(got)) == sent, "a message is missing or out of order"
+    resent = [
+        int(m.group(1))
+        for r in caplog.records
+        if (m := re.search(r"re-sent (\d+) unconfirmed", r.getMessage()))
+    ]
+    assert resent and resent[0] > 0, f"nothing was re-sent: {[r.getMessage() for r in caplog.records]}"
+    repeats = len(got) - len(sent)
+    assert 0 <= repeats <= min(resent[0], window), (
+        f"{repeats} repeats for {resent[0]} re-sent (window {window})"
+    )
+    if producer_name:
+        assert got == sent, f"{repeats} repeats with a producer name"
+
+
 def test_reader_fails_loudly_when_the_broker_stays_down(
     restartable: BrokerSettings, streams, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
@@ -284,3 +341,100 @@ def test_writer_fails_loudly_when_the_broker_stays_down(
     # What was confirmed before the broker went down is there, once.
     got = read_range(conn_of(restartable), s, 0, client(restartable).tail(s)).column("value").to_pylist()
     assert got[:1000] == [b"a%d" % i for i in range(1000)]
+
+
+# A Spark-free watermark run (`consume.run_consume`: what the Airflow consume operator and a Dagster
+# `engine="arrow"` asset run), 200,000 messages of 100 B read 500 at a time: most of the range is
+# still on the broker when the sink restarts or stops it after the first batch.
+RUN_N = 200_000
+
+
+def _run_bodies() -> list[bytes]:
+    return [f"o{i:06d}".ljust(100, ".").encode() for i in range(RUN_N)]
+
+
+def _small_batches(b: BrokerSettings, plan: Any) -> Any:
+    """The run's reader settings with a 500-message queue (one chunk in flight)."""
+    return consume.read_settings(conn_of(b), plan, source_options={"queueCapacity": "500"})
+
+
+def test_a_watermark_run_rides_out_a_broker_restart(restartable: BrokerSettings, streams) -> None:  # type: ignore[no-untyped-def]
+    """The broker restarted once the run's sink has its first batch, while the run reads on (its sink
+    slowed down until the broker is back): the reader waits for the broker and resubscribes at its
+    next offset, the run takes its lease back (the broker forgot it; the record pointer is as the run
+    left it) and finishes on its first try: every offset once in its sink, the watermark at the tail,
+    the record `stored`.
+
+    The lease is taken back as long as the reader waits for the broker (the recovery window, 60 s),
+    not only the lease wait (10 s, for a run holding the name): a restart of 8-15 s used to outlast
+    the lease wait when the run handed on a batch its reader had buffered, and the run failed with
+    `LeaseLostError`. This run has the default lease wait."""
+    s = streams.stream("wr")
+    bodies = _run_bodies()
+    publish(restartable, s, bodies, batch=5000)
+    conn = conn_of(restartable)
+    plan = jobs.plan_read(conn, stream=s, consumer="rides")
+    got: list[bytes] = []
+    fault = RestartWhen(lambda: got)
+
+    def sink(batch: Any) -> None:
+        got.extend(batch.column("value").to_pylist())
+        if fault.up_at is None:
+            time.sleep(0.05)  # 10,000 messages a second until the broker is back
+
+    fault.start()
+    summary = consume.run_consume(conn, plan, sink, settings=_small_batches(restartable, plan))
+    done_at = time.monotonic()
+    fault.check()
+    assert fault.down_at is not None and done_at > fault.down_at, "the run ended before the broker went down"
+    assert summary.rows == RUN_N and summary.watermark_stored
+    assert got == bodies, "every message once, in order"
+    assert plan.lease is not None and plan.lease.regained == 1, "the run did not take its lease back"
+    assert watermarks(conn, "rides", stream=s).partitions[0].stored == RUN_N - 1
+    record = run_record.latest(conn, "rides", s)
+    assert record is not None and record.done
+
+
+def test_a_watermark_run_fails_when_the_broker_stays_down_and_its_retry_reads_the_same_range(
+    restartable: BrokerSettings, streams, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The broker stopped from inside the run's sink and kept down: the run fails, retryable, having
+    committed nothing (`before_commit`), and leaves the watermark where it was: with
+    `LeaseLostError` when it hands on a batch its reader had buffered and cannot take its lease back
+    within the lease wait (10 s), or with `BrokerUnavailableError` when its reader waited out the
+    recovery window (3 s here, 60 s by default) first. With the broker back, its retry resumes the
+    record and reads exactly the same range: every offset once in the retry's sink."""
+    s = streams.stream("wd")
+    bodies = _run_bodies()
+    publish(restartable, s, bodies, batch=5000)
+    conn = conn_of(restartable)
+    monkeypatch.setattr(recovery, "RECOVERY_WINDOW_S", 3.0)
+    monkeypatch.setattr("pyspark_rmqs.broker.reader.RECOVERY_WINDOW_S", 3.0)
+    plan = jobs.plan_read(conn, stream=s, consumer="down")
+    first: list[bytes] = []
+
+    def sink(batch: Any) -> None:
+        if not first:
+            broker_down()
+        first.extend(batch.column("value").to_pylist())
+
+    try:
+        started = time.monotonic()
+        with pytest.raises((BrokerUnavailableError, LeaseLostError)) as failed:
+            consume.run_consume(conn, plan, sink, settings=_small_batches(restartable, plan))
+        assert time.monotonic() - started < 60
+    finally:
+        broker_up()
+    c = classify(failed.value)
+    assert c.retryable and c.commit_state == "before_commit"
+    assert 0 < len(first) < RUN_N and first == bodies[: len(first)]
+    monkeypatch.undo()  # the retry gets the default window
+    assert watermarks(conn, "down", stream=s).partitions[0].stored is None, (
+        "the failed run moved the watermark"
+    )
+    retry = jobs.plan_read(conn, stream=s, consumer="down")
+    assert retry.resumed and retry.ranges == plan.ranges
+    again: list[bytes] = []
+    summary = consume.run_consume(conn, retry, lambda b: again.extend(b.column("value").to_pylist()))
+    assert again == bodies and summary.watermark_stored
+    assert watermarks(conn, "down", stream=s).partitions[0].stored == RUN_N - 1

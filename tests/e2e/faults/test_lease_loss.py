@@ -41,12 +41,13 @@ def _until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def close_lease_connection(broker: BrokerSettings, lease: Lease) -> None:
-    """Have the broker close `lease`'s connection (found by its client-provided name), then wait
-    until the run's process has seen it close: the lease ended under the run."""
+def close_lease_connection(broker: BrokerSettings, lease: Lease | str) -> None:
+    """Have the broker close `lease`'s connection (found by its client-provided name; a lease's name
+    when the lease object is not at hand), then, given the lease, wait until the run's process has
+    seen it close: the lease ended under the run."""
     if broker.external:
         pytest.skip("closes a connection through the local broker's management API")
-    wanted = f"rmqs-lease:{lease.name}"[:120]
+    wanted = f"rmqs-lease:{lease if isinstance(lease, str) else lease.name}"[:120]
 
     def named() -> str | None:  # the management API lists a connection after its first stats (~5 s)
         for c in management("GET", "connections?columns=name,client_properties"):
@@ -56,7 +57,8 @@ def close_lease_connection(broker: BrokerSettings, lease: Lease) -> None:
 
     name = _until(named, 30, f"the connection '{wanted}' in the management API")
     management("DELETE", f"connections/{quote(name, safe='')}")
-    _until(lambda: not lease.held, 15, "the run to see its lease's connection closed")
+    if not isinstance(lease, str):
+        _until(lambda: not lease.held, 15, "the run to see its lease's connection closed")
 
 
 def _offsets(batch: pa.RecordBatch) -> list[int]:

@@ -5,7 +5,8 @@ watermark was stored writes the same range again on retry. For outputs rmqs writ
 **token** is its planned range per partition stream plus the consumer name (the recorded plan makes
 a retry's range, and so its token, the same). A run
 
-1. writes its files to `<output>/_rmqs_staging/<token>/` (a `_` folder: Spark and pyarrow ignore it),
+1. writes its files to `<output>/_rmqs_staging/<token>.<attempt>/` (a `_` folder: Spark and pyarrow
+   ignore it; one per attempt, so two attempts never write into one folder),
 2. publishes them by renaming that folder to `<output>/rmqs_run=<token>/` (one atomic rename on a
    local or POSIX file system: readers see all of the run's files or none). The folder is named like
    a Hive partition, so `spark.read.parquet(output)` and pyarrow datasets read every run's files and
@@ -39,12 +40,15 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.incarnation import UNMARKED
+from pyspark_rmqs.runs.incarnation import same as same_incarnation
 
 STAGING = "_rmqs_staging"
 COMMITS = "_rmqs_commits"
@@ -141,7 +145,9 @@ class FileCommits:
         self.root = root
 
     def staging(self, token: RunToken) -> Path:
-        return self.root / STAGING / token.value
+        """The staging folder of one attempt at `token` (each attempt has its own: an attempt that
+        lost its lease may still be writing while the next one starts)."""
+        return self.root / STAGING / f"{token.value}.{uuid.uuid4().hex[:12]}"
 
     def published(self, token: RunToken) -> Path:
         return self.root / f"{RUN_COLUMN}={token.value}"
@@ -179,28 +185,35 @@ class FileCommits:
         return str(self.root / relative)
 
     def begin(self, token: RunToken) -> Path:
-        """A clean staging folder for `token` (a failed attempt's leftovers are removed)."""
+        """A new staging folder for this attempt at `token` (a dead attempt's are removed at commit)."""
         stage = self.staging(token)
-        if stage.exists():
-            shutil.rmtree(stage)
         stage.parent.mkdir(parents=True, exist_ok=True)
         return stage
 
-    def publish(self, token: RunToken) -> list[str]:
+    def publish(self, token: RunToken, stage: Path) -> list[str]:
         """Rename the staged folder into the output in one step; returns the data files (relative paths).
 
-        Spark's marker files (`_SUCCESS`, `.crc`) are dropped first. A published folder of this token
-        left by an attempt that died before its record is replaced (it held the same range).
+        Spark's marker files (`_SUCCESS`, `.crc`) are dropped first, and every file is flushed to
+        disk before the rename (a host crash after the commit record must not leave empty files).
+        A published folder of this token left by an attempt that died before its record is replaced
+        (it held the same range); a token already committed keeps its files (another attempt won).
         """
-        stage = self.staging(token)
         for p in list(stage.rglob("*")):
             if p.is_file() and _hidden(p.relative_to(stage)):
                 p.unlink()
+            elif p.is_file():
+                fsync_file(p)
+        committed = self.record(token)
+        if committed is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+            return list(committed.files)
         final = self.published(token)
         if final.exists():
             shutil.rmtree(final)
+        for d in [stage, *(p for p in stage.rglob("*") if p.is_dir())]:
+            fsync_dir(d)
         os.replace(stage, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         files = self.published_files(token)
         assert files is not None
         return files
@@ -216,18 +229,28 @@ class FileCommits:
         """Write the commit record (atomically: a temporary file renamed into place)."""
         record = new_record(token, files, rows, size)
         path = self.record_path(token)
+        for folder in {(self.root / f).parent for f in files}:  # the files' own renames first
+            fsync_dir(folder)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
+        tmp = path.with_suffix(f".json.{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_text(json.dumps(asdict(record), indent=1))
+        fsync_file(tmp)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
-        self._tidy()
+        fsync_dir(path.parent)
+        self._tidy(token)
         return record
 
-    def _tidy(self) -> None:
+    def _tidy(self, token: RunToken) -> None:
+        """Once `token` is committed, every staging folder of its attempts is garbage."""
         staging = self.root / STAGING
-        if staging.is_dir() and not any(staging.iterdir()):
-            staging.rmdir()
+        if not staging.is_dir():
+            return
+        for left in staging.glob(f"{token.value}.*"):
+            shutil.rmtree(left, ignore_errors=True)
+        try:
+            staging.rmdir()  # only when empty
+        except OSError:
+            pass
 
 
 def new_record(token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
@@ -242,8 +265,8 @@ def spans_committed(
     records: Iterable[Mapping[str, Any]], token: RunToken
 ) -> dict[str, list[tuple[int, int]]]:
     """Per stream, the merged `[start, end)` spans of `token`'s ranges that `records` (commit records
-    as JSON) of the same consumer on the same stream incarnation hold (records written before rmqs
-    kept incarnations count as the same)."""
+    as JSON) of the same consumer on the same stream incarnation hold (`incarnation.same`: a record
+    written before its stream was marked counts as the same)."""
     found: dict[str, list[tuple[int, int]]] = {}
     for record in records:
         if record.get("consumer") != token.consumer:
@@ -254,7 +277,7 @@ def spans_committed(
             if span is None:
                 continue
             theirs, ours = incarnations.get(stream), token.incarnations.get(stream)
-            if theirs and ours and theirs != ours:
+            if not same_incarnation(int(theirs or UNMARKED), int(ours or UNMARKED)):
                 continue
             a, b = max(lo, int(span[0])), min(hi, int(span[1]))
             if a < b:
@@ -357,7 +380,16 @@ def _hidden(rel: Path) -> bool:
     return any(part.startswith(("_", ".")) for part in rel.parts)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Flush a file's data to disk (its rename or the record naming it comes next)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
