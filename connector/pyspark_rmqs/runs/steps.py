@@ -255,10 +255,10 @@ def finish_run(
     if store_watermark and record is not None and plan.consumer:
         t_store = time.monotonic()
         lease = plan.lease
-        if record.state == run_record.PLANNED:
-            record = run_record.advance(conn, record, run_record.DELIVERED, lease=lease)
         wanted = _watermarks_to_store(plan)
-        try:
+        try:  # the sink returned (an exactly-once output committed): a retry finds that, or delivers again
+            if record.state == run_record.PLANNED:
+                record = run_record.advance(conn, record, run_record.DELIVERED, lease=lease)
             if lease is not None:
                 lease.keep("its watermarks")
             kept = store_watermarks_checked(conn, plan.consumer, wanted, plan.seen, resumed=plan.resumed)

@@ -1,0 +1,99 @@
+"""What a campaign explores, and which known bugs it steps around.
+
+A failure the campaign found and that is being fixed would fail every later run at once, hiding
+the next one: each known bug has a name here, and `avoid` makes the machine step around exactly
+the sequences that trigger it (a guard in the rule, counted as `avoided:<name>` in the stats), so
+the search goes on past it. Remove a name once its fix is in: the in-suite budget
+(`test_campaign.py`) then covers it again. `CAMPAIGN_AVOID` / `CAMPAIGN_DISABLE` (comma-separated)
+set them for `make campaign`; `all` in CAMPAIGN_AVOID means every name (open or fixed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+# Each known failure class still open: what it is, the regression test that reproduces it.
+KNOWN_BUGS: dict[str, str] = {}
+
+# Failure classes fixed since (in the working tree when the campaign was written): their guards stay,
+# so `--avoid` can still step around them on older code.
+FIXED_BUGS: dict[str, str] = {
+    "lease-close": (
+        "issue 42 case 6: a lease lost mid-sink let a second run deliver the same range at once "
+        "(test_regressions.py::test_a_lease_lost_mid_sink_lets_no_second_run_deliver)"
+    ),
+    "delivered-commit-state": (
+        "found by the campaign: a run failing while its record moved to `delivered` (after the sink "
+        "returned, after an exactly-once output committed) raised without a commit_state "
+        "(test_regressions.py::test_a_failure_recording_delivered_says_the_output_is_committed)"
+    ),
+    "recreated-empty-run": (
+        "issue 42 case 1: a watermark run on a deleted and re-created stream while it is still empty "
+        "stores the old incarnation's watermark on the new one; the first messages are skipped "
+        "(test_regressions.py::test_a_run_on_a_recreated_empty_stream_skips_nothing)"
+    ),
+    "latest-new-partition": (
+        "issue 42 case 2: a starting_offsets='latest' consumer plans a partition bound after its "
+        "first run from its tail, losing its first messages "
+        "(test_regressions.py::test_a_latest_consumer_reads_a_new_partition_from_its_start)"
+    ),
+}
+AVOIDABLE = (*KNOWN_BUGS, *FIXED_BUGS)
+
+# Operations that can be switched off by name (the rule names of machine.py).
+OPERATIONS = (
+    "publish",
+    "publish_everywhere",
+    "run",
+    "run_capped",
+    "run_with_late_data",
+    "run_failing_sink",
+    "run_crashing",
+    "recreate",
+    "delete_or_create",
+    "bind_partition",
+    "backfill",
+    "explicit_run",
+    "concurrent_runs",
+    "watermark_set",
+)
+
+
+def _names(variable: str, known: tuple[str, ...]) -> frozenset[str]:
+    raw = {x.strip() for x in os.environ.get(variable, "").split(",") if x.strip()}
+    if "all" in raw:
+        return frozenset(known)
+    unknown = raw - set(known)
+    if unknown:
+        raise ValueError(f"{variable}: unknown name(s) {sorted(unknown)}; known: {', '.join(known)}")
+    return frozenset(raw)
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """The machine's knobs: known bugs to step around, operations switched off, the final check."""
+
+    avoid: frozenset[str] = field(default_factory=frozenset)
+    disabled: frozenset[str] = field(default_factory=frozenset)
+    final: bool = True  # the clean final run of every consumer and invariant (e) at teardown
+
+    def avoids(self, bug: str) -> bool:
+        assert bug in AVOIDABLE, bug
+        return bug in self.avoid
+
+    def enabled(self, operation: str) -> bool:
+        assert operation in OPERATIONS, operation
+        return operation not in self.disabled
+
+    @classmethod
+    def from_env(cls, base: CampaignConfig | None = None) -> CampaignConfig:
+        base = base or cls()
+        avoid = _names("CAMPAIGN_AVOID", AVOIDABLE)
+        disabled = _names("CAMPAIGN_DISABLE", OPERATIONS)
+        return replace(base, avoid=base.avoid | avoid, disabled=base.disabled | disabled)
+
+
+# The in-suite budget steps around every known bug still open (not the fixed ones), so `make test`
+# stays green while the regression tests (xfail, strict) say when a fix lands.
+SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS))

@@ -1,0 +1,88 @@
+"""One try of a run through Dagster: `build_stream_asset(engine="arrow")` materialized in process.
+
+The same watermark protocol as the Airflow operator, reached through Dagster's public factory and
+`materialize()` (no Spark: the arrow engine, Parquet files and commit records). Dagster keeps the
+exception to itself (a step failure event); its innermost cause's class and message become a
+`DagsterStepError`, whose message starts `<Class>: ` so `classify` reads rmqs's errors from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterEventType, DagsterInstance, materialize
+
+from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
+from tests.campaign.model import PipelineModel, TargetModel
+from tests.campaign.runs import Attempt
+from tests.support.broker import BrokerSettings
+
+
+class DagsterStepError(Exception):
+    """A failed materialization: `cause` is the class name of the exception the step raised."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(f"{cause}: {message}")
+        self.cause = cause
+
+
+class DagsterRuns:
+    """Materializes one asset per pipeline on one ephemeral Dagster instance (per sequence)."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.resource = RabbitMQStreamsResource(
+            endpoints=f"{settings.host}:{settings.port}",
+            username=settings.username,
+            password=settings.password,
+            vhost=settings.vhost,
+        )
+        self._instance: DagsterInstance | None = None
+
+    @property
+    def instance(self) -> DagsterInstance:
+        if self._instance is None:
+            self._instance = DagsterInstance.ephemeral()
+        return self._instance
+
+    def close(self) -> None:
+        """Dispose of the instance here (its SQLite storage refuses to be closed from the thread a
+        garbage collection happens to run in)."""
+        if self._instance is not None:
+            self._instance.dispose()
+            self._instance = None
+
+    def execute(
+        self, target: TargetModel, pipeline: PipelineModel, *, output: Path, started_seq: int
+    ) -> Attempt:
+        """Materialize `pipeline`'s asset once; never raises what the step raised."""
+        where: dict[str, Any] = (
+            {"superstream": target.name} if target.superstream else {"stream": target.name}
+        )
+        name = f"campaign_{pipeline.consumer}_{pipeline.target}"
+        asset = build_stream_asset(
+            name,
+            consumer_name=pipeline.consumer,
+            output_path=str(output),
+            engine="arrow",
+            starting_offsets="latest" if pipeline.starting == "latest" else "earliest",
+            **where,
+        )
+        attempt = Attempt("watermark", started_seq)
+        result = materialize(
+            [asset], resources={"rabbitmq": self.resource}, instance=self.instance, raise_on_error=False
+        )
+        if result.success:
+            (m,) = result.asset_materializations_for_node(name)
+            attempt.summary = {k: v.value for k, v in m.metadata.items()}
+            return attempt
+        attempt.error = DagsterStepError("DagsterRunFailure", "the run failed without a step failure")
+        for event in result.all_events:
+            if event.event_type == DagsterEventType.STEP_FAILURE and event.step_failure_data:
+                error = event.step_failure_data.error
+                while error is not None and error.cause is not None:
+                    error = error.cause
+                if error is not None:
+                    message = error.message.split(": ", 1)[-1].strip()
+                    attempt.error = DagsterStepError(error.cls_name or "Exception", message)
+        return attempt

@@ -1,0 +1,177 @@
+"""The faults a run can meet, injected through the seams the suite's own fault tests use.
+
+- A sink that fails after `k` batches (`SinkFailure`, an ordinary exception: Airflow retries it).
+- A process dying at a chosen point after the sink (`Crash`, a BaseException nothing on the way
+  catches), as tests/airflow/test_run_record.py kills a run inside `steps.store_watermarks_checked`:
+  before the record says `delivered`, before any watermark is stored, after the first partition's,
+  or before the record says `stored`.
+- Late data: messages published while the run is inside its sink (after its range was fixed).
+- A gate: the sink blocks on its first batch until released, so a second run can start meanwhile.
+
+Every patch is process-wide and undone on exit; the Parquet sink's `write` is patched once with a
+dispatcher that finds the hooks of the thread calling it, so two runs in two threads each meet
+only their own faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark_rmqs.runs import consume, steps
+from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.runs.watermarks import store_watermarks
+
+CRASH_POINTS = ("before_delivered", "before_store", "after_first_store", "before_stored")
+GATE_TIMEOUT_S = 30.0
+
+
+class SinkFailure(Exception):
+    """The user's sink failing after some batches (injected)."""
+
+
+class Crash(BaseException):
+    """The process dying at a chosen point (injected; a BaseException: nothing on the way catches it)."""
+
+
+@dataclass
+class Hooks:
+    """What happens to one run's sink, batch by batch."""
+
+    fail_after: int | None = None  # raise SinkFailure before batch number `fail_after` (0: the first)
+    late: Callable[[], None] | None = None  # called once, before the first batch (late data)
+    gate: tuple[threading.Event, threading.Event] | None = None  # (inside, release) on the first batch
+    batches: int = 0  # batches that reached the sink
+    active: bool = False  # inside the sink right now (the gate holds it there)
+    watch: Hooks | None = None  # another run of the same consumer: is it inside its sink?
+    overlaps: int = 0  # batches this run delivered while `watch` was inside its sink
+    overtaken: bool = False  # a run watching this one began delivering
+    after_overtaken: int = 0  # batches this run began after that (its lease must stop it first)
+
+    def before(self, batch: Any) -> None:
+        """Called before a batch reaches the output; may raise, publish or block."""
+        if self.batches == 0 and self.late is not None:
+            late, self.late = self.late, None
+            late()
+        if self.fail_after is not None and self.batches >= self.fail_after:
+            raise SinkFailure(f"the sink failed after {self.batches} batch(es) (injected)")
+        if self.overtaken:
+            self.after_overtaken += 1
+        if self.watch is not None:
+            self.watch.overtaken = True
+            if self.watch.active:
+                self.overlaps += 1
+        self.active = True
+        if self.gate is not None and self.batches == 0:
+            inside, release = self.gate
+            inside.set()
+            if not release.wait(GATE_TIMEOUT_S):
+                raise SinkFailure("the gate was never released (the campaign's own timeout)")
+
+    def after(self) -> None:
+        self.batches += 1
+        self.active = False
+
+
+_hooks_by_thread: dict[int, Hooks] = {}
+_real_parquet_write = consume.ParquetSink.write
+
+
+def _dispatching_write(self: consume.ParquetSink, batch: Any) -> None:
+    hooks = _hooks_by_thread.get(threading.get_ident())
+    if hooks is None:
+        _real_parquet_write(self, batch)
+        return
+    hooks.before(batch)
+    try:
+        _real_parquet_write(self, batch)
+    finally:
+        hooks.after()
+
+
+@contextlib.contextmanager
+def sink_hooks(hooks: Hooks) -> Iterator[Hooks]:
+    """`hooks` apply to the Parquet sinks this thread writes through while inside."""
+    ident = threading.get_ident()
+    _hooks_by_thread[ident] = hooks
+    consume.ParquetSink.write = _dispatching_write  # type: ignore[method-assign]
+    try:
+        yield hooks
+    finally:
+        _hooks_by_thread.pop(ident, None)
+        if not _hooks_by_thread:
+            consume.ParquetSink.write = _real_parquet_write  # type: ignore[method-assign]
+
+
+def function_sink(hooks: Hooks, out: list[tuple[bytes, str, int]]) -> Callable[[Any], None]:
+    """An `apply_function` appending every row's (body, stream, offset) to `out`, through `hooks`."""
+
+    def sink(batch: Any) -> None:
+        hooks.before(batch)
+        try:
+            rows = zip(
+                batch.column("value").to_pylist(),
+                batch.column("stream").to_pylist(),
+                batch.column("offset").to_pylist(),
+                strict=True,
+            )
+            out.extend((bytes(v), s, int(o)) for v, s, o in rows)
+        finally:
+            hooks.after()
+
+    return sink
+
+
+@contextlib.contextmanager
+def crash_at(point: str | None) -> Iterator[None]:
+    """The run's process dies at `point` (one of CRASH_POINTS; None: no crash)."""
+    if point is None:
+        yield
+        return
+    if point not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {point!r}")
+    real_advance, real_store = run_record.advance, steps.store_watermarks_checked
+
+    def advance(conn: Any, record: Any, state: str, **kw: Any) -> Any:
+        before = {"before_delivered": run_record.DELIVERED, "before_stored": run_record.STORED}
+        if before.get(point) == state:
+            raise Crash(f"process killed before the record says {state}")
+        return real_advance(conn, record, state, **kw)
+
+    def store(
+        conn: Any,
+        consumer: str,
+        last_offsets: Mapping[str, int],
+        seen: Mapping[str, int | None],
+        *,
+        resumed: bool = False,
+    ) -> dict[str, int]:
+        if point == "before_store":
+            raise Crash("process killed before storing any watermark")
+        if point == "after_first_store" and last_offsets:
+            first = sorted(last_offsets)[0]
+            store_watermarks(conn, consumer, {first: last_offsets[first]})
+            raise Crash(f"process killed after storing the watermark of {first}")
+        return real_store(conn, consumer, last_offsets, seen, resumed=resumed)
+
+    run_record.advance = advance
+    steps.store_watermarks_checked = store
+    try:
+        yield
+    finally:
+        run_record.advance = real_advance
+        steps.store_watermarks_checked = real_store
+
+
+@contextlib.contextmanager
+def lease_wait(seconds: float) -> Iterator[None]:
+    """A run waits `seconds` (not 10) for a consumer name another run holds, then fails busy."""
+    real = steps.DEFAULT_LEASE_WAIT_S
+    steps.DEFAULT_LEASE_WAIT_S = seconds
+    try:
+        yield
+    finally:
+        steps.DEFAULT_LEASE_WAIT_S = real

@@ -1,0 +1,173 @@
+"""One try of a run through the public Airflow operator, and what a pipeline's output holds.
+
+Every run is `RabbitMQStreamConsumeOperator(...).execute({})`, as an Airflow worker calls it: a
+watermark run (`start="watermark"`), a backfill over explicit offsets (stores nothing) or a run
+with an explicit start that stores (`store_watermark=True`). What it returned or raised is kept
+whole in an `Attempt`; the machine decides what that means for the model.
+
+Outputs are read as their users read them: an at-least-once function sink's list as the function
+saw it, an exactly-once Parquet folder through rmqs's committed reader (`pyspark_rmqs.committed`:
+only files a commit names), never by listing the folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
+from pyspark_rmqs.committed import committed_dataset, committed_files
+from pyspark_rmqs.core.errors import ConsumerBusyError, DataLossError, LeaseLostError, RmqsError
+from pyspark_rmqs.errors import classify
+from tests.campaign.faults import Hooks, function_sink
+from tests.campaign.model import PipelineModel, TargetModel
+from tests.support.broker import BrokerSettings
+
+CONN_ID = "rmqs_campaign"
+
+Row = tuple[bytes, str, int]  # (body, partition stream, offset)
+
+
+def use_broker(settings: BrokerSettings) -> None:
+    """The operators' Airflow connection `rmqs_campaign`, from the environment (no metadata DB)."""
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = settings.uri
+
+
+@dataclass
+class Attempt:
+    """One `execute()`: the summary it returned or the exception it raised."""
+
+    kind: str  # "watermark" | "capped" (max_messages) | "backfill" | "explicit"
+    started_seq: int  # the model's publish counter when the try began
+    summary: dict[str, Any] | None = None
+    error: BaseException | None = None
+    rows: list[Row] = field(default_factory=list)  # what a backfill's own sink received
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def error_class(self) -> str | None:
+        """The rmqs error class the failure is (or an Airflow fail exception names), else None."""
+        if self.error is None:
+            return None
+        if isinstance(self.error, RmqsError):
+            return type(self.error).__name__
+        if isinstance(self.error, Exception):
+            return classify(self.error).error
+        return None
+
+    @property
+    def cause(self) -> str | None:
+        """The class name of what the run raised (through Dagster: of the step's innermost cause)."""
+        if self.error is None:
+            return None
+        return getattr(self.error, "cause", None) or type(self.error).__name__
+
+    @property
+    def label(self) -> str:
+        """`ok`, the rmqs error class, or the exception's class (the stats' outcome names)."""
+        if self.error is None:
+            return "ok"
+        return self.error_class or self.cause or "?"
+
+    @property
+    def busy(self) -> bool:
+        """Stopped before planning: another run holds the consumer name."""
+        if isinstance(self.error, ConsumerBusyError):
+            return not isinstance(self.error, LeaseLostError)
+        return self.cause == "ConsumerBusyError"
+
+    @property
+    def retryable(self) -> bool:
+        """A typed failure the orchestrator retries (busy, broker unavailable or timed out)."""
+        return (
+            self.error_class is not None
+            and isinstance(self.error, Exception)
+            and classify(self.error).retryable
+        )
+
+    @property
+    def data_loss(self) -> bool:
+        return isinstance(self.error, DataLossError) or self.error_class == "DataLossError"
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.summary and self.summary.get("resumed_plan"))
+
+    @property
+    def ends(self) -> dict[str, int]:
+        """The end of the range the run read, per partition stream (its summary's `end_offsets`)."""
+        found = (self.summary or {}).get("end_offsets") or {}
+        return {str(s): int(e) for s, e in found.items()}
+
+    def describe(self) -> str:
+        if self.error is None:
+            keep = ("rows", "mode", "resumed_plan", "sink_skipped", "start_offsets", "end_offsets")
+            return f"ok { ({k: self.summary[k] for k in keep if self.summary and k in self.summary}) }"
+        return f"{type(self.error).__name__}: {str(self.error)[:300]}"
+
+
+def execute(
+    target: TargetModel,
+    pipeline: PipelineModel,
+    *,
+    output: Path | None,
+    hooks: Hooks,
+    rows: list[Row],
+    started_seq: int,
+    kind: str = "watermark",
+    start: Any = "watermark",
+    end: Any = "latest",
+    store_watermark: bool | None = None,
+    max_messages: int | None = None,
+) -> Attempt:
+    """Run the consume operator once for `pipeline`; never raises what the run raised."""
+    where: dict[str, Any] = {"superstream": target.name} if target.superstream else {"stream": target.name}
+    sink: dict[str, Any] = (
+        {"output_path": str(output)} if output is not None else {"apply_function": function_sink(hooks, rows)}
+    )
+    attempt = Attempt(kind, started_seq, rows=rows)
+    try:
+        op = RabbitMQStreamConsumeOperator(
+            task_id=f"campaign-{pipeline.consumer}",
+            rabbitmq_stream_conn_id=CONN_ID,
+            consumer_name=pipeline.consumer,
+            starting_offsets=pipeline.starting,
+            start=start,
+            end=end,
+            store_watermark=store_watermark,
+            max_messages=max_messages,
+            **where,
+            **sink,
+        )
+        attempt.summary = op.execute({})
+    except BaseException as e:  # the injected Crash is a BaseException on purpose
+        attempt.error = e
+    return attempt
+
+
+def parquet_rows(path: Path) -> list[Row]:
+    """Every (body, stream, offset) in the committed files of an exactly-once folder, repeats kept."""
+    if not path.exists() or not committed_files(str(path)):
+        return []
+    t = committed_dataset(str(path)).to_table(columns=["value", "stream", "offset"])
+    return [
+        (bytes(v), s, int(o))
+        for v, s, o in zip(
+            t.column("value").to_pylist(),
+            t.column("stream").to_pylist(),
+            t.column("offset").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def is_typed(error: BaseException) -> bool:
+    """An rmqs error, or a failure naming one (Airflow's fail exception, a Dagster step's cause)."""
+    if isinstance(error, RmqsError):
+        return True
+    return isinstance(error, Exception) and classify(error).error is not None

@@ -1,0 +1,52 @@
+"""The campaign's fixed-seed budget inside `make test`: the same machine as `make campaign`.
+
+`derandomize=True`: the same sequences on every run (the broker's timing aside), about 90 s on
+two shared cores. Known bugs still open are stepped around (config.SUITE); their regression
+tests (test_regressions.py, xfail strict) say when a fix lands, and then the name comes out of
+config.KNOWN_BUGS's avoid list here. A failure prints hypothesis's shrunk sequence: replay it as a
+named test in test_regressions.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from tests.campaign import harness
+from tests.campaign import machine as campaign
+from tests.campaign.config import SUITE
+from tests.support.broker import BrokerSettings
+
+pytestmark = [pytest.mark.broker, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+
+# Sized for ~90 s on the suite's machine (2 cores shared with the other xdist workers): 6 x 20 steps.
+EXAMPLES = 6
+STEPS = 20
+
+
+def test_the_protocol_campaign_finds_no_violation(broker: BrokerSettings) -> None:
+    began = time.monotonic()
+    before = harness.STATS.copy()
+    run_state_machine_as_test(
+        campaign.machine_with(SUITE),
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate, Phase.shrink],
+            suppress_health_check=list(HealthCheck),
+            print_blob=False,
+        ),
+    )
+    ran = harness.STATS - before
+    rules = {k.split(":", 1)[1]: v for k, v in sorted(ran.items()) if k.startswith("rule:")}
+    print(
+        f"campaign: {ran['sequences']} sequences, {ran['steps']} steps, {ran['messages']} messages, "
+        f"{ran['final_checks']} final checks in {time.monotonic() - began:.0f} s; rules {rules}"
+    )
+    assert ran["final_checks"] >= 1 and ran["steps"] >= EXAMPLES

@@ -1,0 +1,112 @@
+"""Every failure class the campaign found, as a plain named test: the shrunk sequence, replayed.
+
+Each test is hypothesis's printed failing sequence (`state.<rule>(...)`, `state.holds()` after each
+step as the machine checks it), on the machine with no known bug stepped around. A new failure whose
+fix is not in yet gets `@pytest.mark.xfail(raises=Violation, strict=True, reason=...)` and a name in
+config.KNOWN_BUGS (the in-suite budget steps around it); when the fix lands the test XPASSes, which
+strict makes a failure: drop the mark and move the name to config.FIXED_BUGS. Every test here
+failed on 968adeb (the code the campaign was first run on); each says which invariant it broke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.campaign.machine import STATS, CampaignMachine
+from tests.support.broker import BrokerSettings
+
+pytestmark = [pytest.mark.broker, pytest.mark.airflow]
+
+
+@pytest.fixture
+def state(broker: BrokerSettings) -> Iterator[CampaignMachine]:
+    """A fresh machine (its own streams); its streams are deleted even when a step failed."""
+    machine = CampaignMachine()
+    try:
+        yield machine
+    finally:
+        machine._cleanup()
+
+
+def steps(state: CampaignMachine, *calls: tuple[str, dict[str, object]]) -> None:
+    """Replay `calls` as the machine runs them: each rule, then the invariants; then teardown, whose
+    final clean runs check invariant (e)."""
+    state.holds()
+    for name, kwargs in calls:
+        getattr(state, name)(**kwargs)
+        state.holds()
+    state.teardown()
+
+
+def test_a_run_on_a_recreated_empty_stream_skips_nothing(state: CampaignMachine) -> None:
+    """Issue 42 case 1, invariant (a); fails on HEAD 968adeb (fixed in the working tree since): the run
+    on the re-created, still empty stream stored the old watermark there; the new stream's first
+    messages were then below the watermark and never delivered. Found by the campaign on HEAD
+    (seed 11) as `recreate('a')`, a run of `c4@a` while `a` was empty, then new messages."""
+    steps(
+        state,
+        ("publish", {"to": "a", "n": 5}),
+        ("run", {"pipeline": "c2@a"}),
+        ("recreate", {"stream": "a"}),
+        ("run", {"pipeline": "c2@a"}),
+        ("publish", {"to": "a", "n": 5}),
+        ("run", {"pipeline": "c2@a"}),
+    )
+
+
+def test_a_latest_consumer_reads_a_new_partition_from_its_start(state: CampaignMachine) -> None:
+    """Issue 42 case 2, invariant (a); fails on HEAD 968adeb (fixed in the working tree since): a
+    starting_offsets='latest' consumer planned a partition bound after its first run from the
+    partition's tail; the messages routed there before were lost."""
+    steps(
+        state,
+        ("run", {"pipeline": "c3@ss"}),
+        ("bind_partition", {}),
+        ("publish", {"to": "ss", "n": 30}),
+        ("run", {"pipeline": "c3@ss"}),
+    )
+
+
+def test_a_lease_lost_mid_sink_lets_no_second_run_deliver(state: CampaignMachine) -> None:
+    """Issue 42 case 6, invariant (b), found by the campaign at once (seed 1): the first run's lease
+    connection is closed while it is inside its sink; a second run of the consumer took the name,
+    resumed the first's record and delivered the same range while the first still delivered it. Now
+    the first begins no batch after its lease ended and commits nothing (fixed in e82d69b). Since a
+    lease cannot stop the sink call its holder is in, this one-batch range passes on 968adeb under
+    the refined invariant; the super stream case below is the one that fails there."""
+    steps(
+        state,
+        ("publish", {"to": "a", "n": 22}),
+        ("concurrent_runs", {"pipeline": "c1@a", "n": 6, "close_lease": True}),
+    )
+
+
+def test_a_lease_lost_mid_sink_stops_the_first_run_at_its_next_batch(state: CampaignMachine) -> None:
+    """The same on the super stream: the first run's range is one batch per partition stream, so
+    after the sink call it was in when its lease ended it must begin no other batch (it stops with
+    `LeaseLostError`), while the second run delivers the whole range once (issue 42, case 6)."""
+    closed = STATS["lease_connections_closed"]
+    taken = STATS["concurrent:second:ok"]
+    steps(
+        state,
+        ("publish", {"to": "ss", "n": 30}),
+        ("concurrent_runs", {"pipeline": "c1@ss", "n": 6, "close_lease": True}),
+        ("concurrent_runs", {"pipeline": "c2@ss", "n": 6, "close_lease": True}),
+    )
+    # Both leases were really closed and both second runs delivered (else nothing was tested).
+    assert STATS["lease_connections_closed"] - closed == 2
+    assert STATS["concurrent:second:ok"] - taken == 2
+
+
+def test_a_failure_recording_delivered_says_the_output_is_committed(state: CampaignMachine) -> None:
+    """Invariant (d), found by the campaign (seed 7; still on e82d69b, fixed in the working tree
+    since): a run failing while its record moved to `delivered` (steps.finish_run, outside the
+    commit-state marking) raised without a commit_state, though its exactly-once output was
+    committed (a retry only stores)."""
+    steps(
+        state,
+        ("publish", {"to": "a", "n": 10}),
+        ("run_crashing", {"pipeline": "c2@a", "point": "before_delivered", "retry": True}),
+    )
