@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.errors import BrokerUnavailableError, ConsumerBusyError, LeaseLostError
 from pyspark_rmqs.runs import lease as leases
 
@@ -41,8 +42,11 @@ class Broker:
         monkeypatch.setattr(leases, "_acquire_within", self.acquire)
         monkeypatch.setattr(leases, "BrokerClient", lambda conn: self)
 
-    def acquire(self, conn: Any, stream: str, name: str, wait_s: float) -> Any:
+    def acquire(
+        self, conn: Any, stream: str, name: str, wait_s: float, *, unreachable_s: float | None = None
+    ) -> Any:
         self.subscriptions += 1
+        self.unreachable_s = unreachable_s
         if isinstance(self.acquired, BaseException):
             raise self.acquired
         return self.acquired
@@ -68,6 +72,8 @@ def test_a_lost_lease_taken_back_with_the_pointer_unchanged_goes_on(monkeypatch:
     broker = Broker(monkeypatch, pointer=7, acquired=(FakeClient(), 1))
     lease = lease_of(FakeClient(alive=False), pointer=7)
     lease.keep("its record 'delivered'")
+    # An unreachable broker is waited for as long as readers wait (a restart), not only the lease wait.
+    assert broker.unreachable_s == recovery.RECOVERY_WINDOW_S
     assert lease.held and lease.regained == 1 and broker.pointer_reads == 1
     lease.keep("its watermarks")  # held again: no further round trip
     assert broker.subscriptions == 1 and broker.pointer_reads == 1
@@ -101,3 +107,17 @@ def test_a_lost_lease_that_cannot_be_taken_back_fails_before_the_write(
         lease.keep("its watermarks")
     assert why in str(lost.value) and "before writing its watermarks" in str(lost.value)
     assert broker.pointer_reads == 0  # nothing to prove without the lease
+
+
+def test_the_fence_costs_one_round_trip_and_refuses_a_moved_pointer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fence` before an output commit: held and the pointer where this run left it, go on; moved
+    (another run took the name over without this process seeing its lease end), `LeaseLostError`
+    and the lease given back."""
+    broker = Broker(monkeypatch, pointer=7, acquired=None)
+    lease_of(FakeClient(alive=True), pointer=7).fence("its output's commit")
+    assert broker.pointer_reads == 1 and broker.subscriptions == 0
+    broker.pointer = 9
+    lease = lease_of(FakeClient(alive=True), pointer=7)
+    with pytest.raises(LeaseLostError, match="took it over") as lost:
+        lease.fence("its output's commit")
+    assert "record pointer 7 -> 9" in str(lost.value) and lease.node is None  # released
