@@ -129,11 +129,8 @@ class Lease:
         log.warning("the lease on %s ended under the run (its connection closed); taking it back", self.what)
         self._drop()
         self._regain(before)
-        if self.pointer is _UNKNOWN:
-            return
-        now = BrokerClient(self.conn).stored_offset(self.name, self.stream)
-        if now != self.pointer:
-            self.release()
+        now = self._moved()
+        if now is not _UNKNOWN:
             raise LeaseLostError(
                 f"{self.what}: this run lost its lease (its connection to the broker closed: a node "
                 f"down or a broker restart) and another run of the name wrote its record meanwhile "
@@ -152,17 +149,25 @@ class Lease:
         delivering this very range: `LeaseLostError` before the commit, and the lease given back.
         """
         self.keep(before)
-        if self.pointer is _UNKNOWN:
-            return
-        now = BrokerClient(self.conn).stored_offset(self.name, self.stream)
-        if now != self.pointer:
-            self.release()
+        now = self._moved()
+        if now is not _UNKNOWN:
             raise LeaseLostError(
                 f"{self.what}: another run of the name took it over while this run was in its sink "
                 f"(record pointer {self.pointer} -> {now}): this run's lease ended without this process "
                 f"seeing it (a paused process, or a connection cut). Stopped before writing {before}; "
                 f"this run committed and stored nothing. Retry the run: {self.retry_advice}"
             )
+
+    def _moved(self) -> object:
+        """The name's record pointer when it is no longer where this holder left it (the lease is
+        then given back), else `_UNKNOWN`; a holder that never marked a pointer proves nothing."""
+        if self.pointer is _UNKNOWN:
+            return _UNKNOWN
+        now = BrokerClient(self.conn).stored_offset(self.name, self.stream)
+        if now == self.pointer:
+            return _UNKNOWN
+        self.release()
+        return now
 
     def _regain(self, before: str) -> None:
         """Subscribe again (a fresh connection on a live member), waiting `wait_s` for a run that took
