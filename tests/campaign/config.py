@@ -77,6 +77,12 @@ class CampaignConfig:
     avoid: frozenset[str] = field(default_factory=frozenset)
     disabled: frozenset[str] = field(default_factory=frozenset)
     final: bool = True  # the clean final run of every consumer and invariant (e) at teardown
+    # Messages per partition each target starts with (0: empty streams, as `make campaign` runs).
+    # On a broker before 4.3 a stream holding only offset-tracking entries costs every tail lookup
+    # a 1.5 s probe (a marker on an empty stream did, until runs stopped marking empty streams);
+    # streams in use keep the in-suite budget's time steady; re-created streams and bound
+    # partitions still start empty.
+    initial_messages: int = 0
 
     def avoids(self, bug: str) -> bool:
         assert bug in AVOIDABLE, bug
@@ -96,4 +102,4 @@ class CampaignConfig:
 
 # The in-suite budget steps around every known bug still open (not the fixed ones), so `make test`
 # stays green while the regression tests (xfail, strict) say when a fix lands.
-SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS))
+SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), initial_messages=2)

@@ -100,6 +100,8 @@ class CampaignBase(RuleBasedStateMachine):
             engine, sink, starting = CONSUMERS[consumer]
             self.model.pipelines[key] = PipelineModel(key, consumer, target, sink, starting, engine)
             self.rows[key] = []
+        for target in TARGETS if self.config.initial_messages else ():
+            self._publish(target, self.config.initial_messages * len(self.model.targets[target].partitions))
         STATS["sequences"] += 1
 
     # ------------------------------------------------------------------------------ helpers

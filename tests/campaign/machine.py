@@ -191,7 +191,7 @@ class CampaignMachine(CampaignBase):
             )
 
     @rule(
-        pipeline=st.sampled_from(PIPELINES),
+        pipeline=st.sampled_from(AIRFLOW_PIPELINES),
         quarter=st.integers(0, 4),
         fault=st.sampled_from((None, None, "sink", *CRASH_POINTS)),
         fresh=st.sampled_from((0, 5)),
@@ -227,7 +227,7 @@ class CampaignMachine(CampaignBase):
                 self._publish(p.target, fresh)
             self._settle(p, self._attempt(p, Hooks(), **kw), None)
 
-    @rule(pipeline=st.sampled_from(PIPELINES), n=st.integers(1, 10), close_lease=st.booleans())
+    @rule(pipeline=st.sampled_from(AIRFLOW_PIPELINES), n=st.integers(1, 10), close_lease=st.booleans())
     def concurrent_runs(self, pipeline: str, n: int, close_lease: bool) -> None:
         """Two runs of one consumer at once (n new messages first): the first is held inside its
         sink while the second starts; with `close_lease` the first's lease connection is closed

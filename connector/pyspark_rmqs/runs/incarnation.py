@@ -11,14 +11,16 @@ tracking snapshots), so they vanish with the stream: a re-created stream has non
 number. Two processes that mark a new stream at the same moment may both store; the last store
 wins and both read it back, so every later reader agrees.
 
-The decision (issue 42): every stream a watermark run plans is marked, **empty ones included**.
-An unmarked empty stream used to match any recorded incarnation, so a stream deleted and created
-again, then planned while still empty, inherited the old stream's record and had the consumer's old
-watermark stored on it: the first messages of the new stream were never delivered. Marking an empty
-stream costs one offset-tracking entry (its first message is then offset 1, not 0; readers skip
-tracking entries) and happens once in a stream's life. And a marker never leaves a stream, so a
-recorded marker never matches an unmarked stream (`same`): only a record written without a marker
-(a backfill reads markers without writing one) matches any stream.
+The decision (issue 42): a marker never leaves a stream, so **a recorded marker never matches an
+unmarked stream** (`same`). An unmarked empty stream used to match any recorded incarnation, so a
+stream deleted and created again, then planned while still empty, inherited the old stream's record
+and had the consumer's old watermark stored on it: the first messages of the new stream were never
+delivered. Now the old record does not apply there, and the consumer, which has run before, reads
+the stream it has never seen from offset 0 (`plan._new_partitions`). Empty streams stay unmarked
+until they hold a message: a marker is an offset-tracking entry, and on brokers before 4.3 a stream
+holding only tracking entries costs every tail lookup a 1.5 s probe (`client.PROBE_TIMEOUT_S`: the
+last user chunk is proven absent by silence). Only a record written without a marker (planned on
+an empty stream) matches any stream, and its ranges there are empty.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ async def _one(client: AsyncBrokerClient, stream: str, mark: bool) -> int:
     if found is not None:
         return found
     if not mark:
+        return UNMARKED
+    if (await client.stats(stream)).is_empty:
+        # Marked once it holds a message: a marker alone would cost tail lookups a probe (above).
         return UNMARKED
     new = secrets.randbelow(2**62) + 1
     await client.store_offset_unconfirmed(REFERENCE, stream, new)
