@@ -147,8 +147,7 @@ class CampaignBase(RuleBasedStateMachine):
         """`p`'s stored watermark on each partition stream of its target that exists now.
 
         Stored offsets only, not `watermarks()`: that also measures each tail, which on a broker
-        before 4.3 waits out a probe (1.5 s) on a stream holding only offset-tracking entries, as
-        every stream a run planned while empty does."""
+        before 4.3 waits out a probe (1.5 s) on a stream holding only offset-tracking entries."""
         parts = [x.name for x in self.model.current_parts(p.target)]
         return self.ops.stored_on(p.consumer, parts) if parts else {}
 

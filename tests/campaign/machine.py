@@ -12,6 +12,7 @@ test_regressions.py replays such sequences as plain tests.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from typing import Any
@@ -308,8 +309,8 @@ class CampaignMachine(CampaignBase):
         if done.exception is not None and not isinstance(done.exception, SystemExit):
             raise Violation("d", f"rmqs watermark set crashed: {done.exception!r}\n{done.output[-1000:]}")
         if done.exit_code != 0:  # refused (typed, a message): say why in the stats
-            first = (done.output.strip().splitlines() or ["?"])[-1]
-            STATS[f"noop:watermark_set refused: {first[:80]}"] += 1
+            first = re.sub(r"camp-[\w-]+", "<stream>", (done.output.strip().splitlines() or ["?"])[-1])
+            STATS[f"noop:watermark_set refused: {first[:60]}"] += 1
             return
         # What the move put behind the watermark was skipped on purpose; the baseline moves with it.
         stored = self._stored(p)
