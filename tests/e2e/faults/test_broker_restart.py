@@ -379,8 +379,14 @@ def test_a_watermark_run_rides_out_a_broker_restart(restartable: BrokerSettings,
 
     def sink(batch: Any) -> None:
         got.extend(batch.column("value").to_pylist())
+        # The first batch is held until the broker is down (its stop takes seconds, longer on a busy
+        # machine: a run that went on meanwhile could end first), then 10,000 messages a second
+        # until it is back.
+        deadline = time.monotonic() + 120
+        while fault.down_at is None and fault.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if fault.up_at is None:
-            time.sleep(0.05)  # 10,000 messages a second until the broker is back
+            time.sleep(0.05)
 
     fault.start()
     summary = consume.run_consume(conn, plan, sink, settings=_small_batches(restartable, plan))
