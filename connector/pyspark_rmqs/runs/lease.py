@@ -148,7 +148,9 @@ class Lease:
         so a pointer that is no longer where this holder left it means another run may be
         delivering this very range: `LeaseLostError` before the commit, and the lease given back.
         """
-        self.keep(before)
+        if not self.held:  # taken back with the pointer checked, or LeaseLostError
+            self.keep(before)
+            return
         now = self._moved()
         if now is not _UNKNOWN:
             raise LeaseLostError(
