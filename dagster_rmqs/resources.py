@@ -137,6 +137,13 @@ class SparkSessionResource(ConfigurableResource):
     remote: str | None = Field(default=None, description="Spark Connect URL (sc://host:15002).")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
     app_name: str = "rmqs-dagster"
+    reuse_session: bool = Field(
+        default=True,
+        description=(
+            "With `remote`: attach to the server-side session every step with the same settings "
+            "shares, so the server's Python workers stay up between steps (False: a session per process)."
+        ),
+    )
 
     def get_session(self) -> SparkSession:
         return jobs.spark_session(
@@ -144,6 +151,7 @@ class SparkSessionResource(ConfigurableResource):
             conf=self.spark_conf,
             remote=self.remote,
             app=self.app_name,
+            reuse_session=self.reuse_session,
         )
 
 

@@ -46,6 +46,7 @@ from airflow_rmqs.spark_sessions import (
     connect_session,
     is_connect,
     require_pyspark,
+    reuse_session,
     spark_connect_url,
 )
 from pyspark_rmqs import jobs
@@ -108,6 +109,7 @@ class _SparkOperator(_StreamOperator):
         self._query: Any = None
 
     _spark_secrets: list[str] = []
+    _reuse_session = True  # the Spark connection's extra `reuse_session`
     _owns_session = False  # a Connect session this try created, released when it ends
 
     def _remote_and_master(self) -> tuple[str | None, str | None]:
@@ -119,6 +121,7 @@ class _SparkOperator(_StreamOperator):
 
         conn = BaseHook.get_connection(self.spark_conn_id)
         remote, master = spark_connect_url(conn)
+        self._reuse_session = reuse_session(conn)
         token = (conn.extra_dejson if conn.extra else {}).get("token")
         self._spark_secrets = connect_secrets(remote, conn.password, token)
         for secret in self._spark_secrets:
@@ -134,7 +137,9 @@ class _SparkOperator(_StreamOperator):
         remote, master = self._remote_and_master()
         try:
             if remote:
-                spark = connect_session(remote, self.spark_conf, self.spark_app_name)
+                spark = connect_session(
+                    remote, self.spark_conf, self.spark_app_name, reuse_session=self._reuse_session
+                )
                 self._owns_session = True
             else:
                 spark = jobs.spark_session(master=master, conf=self.spark_conf, app=self.spark_app_name)

@@ -73,27 +73,27 @@ def connect_secrets(remote: str | None, *tokens: str | None) -> list[str]:
     return list(dict.fromkeys(spellings))
 
 
-def connect_session(remote: str, conf: Mapping[str, str], app: str) -> SparkSession:
-    """A new Spark Connect session on `remote`, the task's own (`_untag` releases it at the end).
+def connect_session(
+    remote: str, conf: Mapping[str, str], app: str, *, reuse_session: bool = True
+) -> SparkSession:
+    """A Spark Connect session on `remote` for one task try (`_untag` closes it at the end).
 
     Not `getOrCreate()`: that returns the process's existing Connect session whatever the URL, so a
-    second task in one process (`dag.test()`) would run on the first one's server and token. A
-    session that fails to start (a wrong token) is stopped, not left as the process's default.
+    second task in one process (`dag.test()`) would run on the first one's server and token. By
+    default the task attaches to the server-side session every task with the same connection, app
+    name and `spark_conf` shares (`pyspark_rmqs.runs.connect_sessions`: the server's Python workers
+    stay up between tasks); the connection's extra `reuse_session: false` gives each try its own.
     """
-    from pyspark.sql import SparkSession
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    from pyspark_rmqs.runs.connect_sessions import connect
 
-    before = ConnectSession.getActiveSession()
-    builder = SparkSession.builder.remote(remote).appName(app)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    try:
-        return builder.create()
-    except BaseException:
-        failed = ConnectSession.getActiveSession()
-        if failed is not None and failed is not before:  # create() made it the default first
-            failed.stop()
-        raise
+    return connect(remote, app, conf, reuse_session=reuse_session, new=True)
+
+
+def reuse_session(conn: Any) -> bool:
+    """The Spark connection's extra `reuse_session` (default true): share the server-side session."""
+    extra = conn.extra_dejson if conn.extra else {}
+    value = extra.get("reuse_session", True)
+    return value if isinstance(value, bool) else str(value).strip().lower() not in ("false", "0", "no", "off")
 
 
 def is_connect(spark: Any) -> bool:

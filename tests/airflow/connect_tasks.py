@@ -213,7 +213,29 @@ def dag_run(dag_file: str, direct: list[str]) -> dict[str, Any]:
     }
 
 
-SCENARIOS = {"kill": kill, "dag_run": dag_run}
+def read(stream: str, consumer: str, out: str, conn_id: str) -> dict[str, Any]:
+    """One read task into Parquet: its rows and the server-side session it ran on."""
+    from airflow_rmqs.operators import RabbitMQStreamReadOperator
+
+    op = RabbitMQStreamReadOperator(
+        task_id="read", stream=stream, consumer_name=consumer, output_path=out, spark_conn_id=conn_id
+    )
+    summary = op.execute({})
+    return {"rows": summary["rows"], "session": op._spark.session_id, "stopped": op._spark.is_stopped}
+
+
+def release(url: str, token: str, session: str) -> dict[str, Any]:
+    """Release a server-side session, as its idle timeout or an administrator would."""
+    from urllib.parse import quote
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(f"{url}/;token={quote(token, safe='')};session_id={session}").create()
+    spark.stop()  # release_session_on_close: the session is closed on the server
+    return {"released": session}
+
+
+SCENARIOS = {"kill": kill, "dag_run": dag_run, "read": read, "release": release}
 
 
 def main() -> None:

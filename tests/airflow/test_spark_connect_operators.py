@@ -18,7 +18,12 @@ import pytest
 
 from tests.airflow.connect_server import run_task_process
 from tests.support.broker import BrokerSettings
-from tests.support.connect_server import ConnectServer, group_members, start_connect_server
+from tests.support.connect_server import (
+    ConnectServer,
+    group_members,
+    python_descendants,
+    start_connect_server,
+)
 from tests.support.data import client, publish
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.broker, pytest.mark.slow]
@@ -197,3 +202,45 @@ def around(text: str, secret: str, width: int = 300) -> list[str]:
         spots.append(text[max(0, at - width) : at + len(secret) + 80].replace(secret, "<SECRET>"))
         at = text.find(secret, at + 1)
     return spots
+
+
+def test_read_tasks_share_the_servers_session_and_its_python_workers(
+    connect_server: ConnectServer, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 43: a warm Connect server stays warm across tasks. A new session starts the server's
+    Python processes anew (a daemon and workers per data source step, each importing pyspark and
+    rmqs: seconds per task); tasks with one connection attach to one server-side session, so the
+    second task starts none. A released (or expired) session's id is never reused: the next task
+    lands on the next shared id, and reads everything. `reuse_session: false` opts out."""
+    s = streams.stream("cshare")
+    publish(broker, s, [f"s{i}".encode() for i in range(40)])
+    env = {
+        "AIRFLOW_CONN_SPARK_CONNECT": spark_conn(connect_server),
+        "AIRFLOW_CONN_SPARK_OWN": spark_conn(connect_server, extra={"reuse_session": False}),
+    }
+
+    def task(consumer: str, conn_id: str = "spark_connect") -> tuple[dict[str, object], list[int]]:
+        before = set(python_descendants(connect_server.proc.pid))
+        args = {"stream": s, "consumer": consumer, "out": str(tmp_path / consumer), "conn_id": conn_id}
+        result, _ = run_task_process("read", args, env, tmp_path / f"{consumer}.log")
+        return result, sorted(set(python_descendants(connect_server.proc.pid)) - before)
+
+    first, _ = task("c1")
+    second, started = task("c2")
+    assert first["rows"] == second["rows"] == 40 and first["stopped"] and second["stopped"]
+    assert second["session"] == first["session"], "the second task opened a session of its own"
+    assert started == [], f"the server started Python processes {started} for a task on a warm session"
+
+    run_task_process(
+        "release",
+        {"url": connect_server.url, "token": connect_server.token, "session": first["session"]},
+        env,
+        tmp_path / "release.log",
+    )
+    publish(broker, s, [f"t{i}".encode() for i in range(5)])
+    third, _ = task("c2")  # the watermark run after the release: the next shared id
+    assert third["rows"] == 5 and third["session"] != first["session"]
+
+    own, started_own = task("c3", "spark_own")
+    assert own["rows"] == 45 and own["session"] not in (first["session"], third["session"])
+    assert started_own, "a session of its own reuses no server Python worker: its start must show"

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,27 @@ def group_members(pgid: int) -> list[int]:
     return [int(p) for p, stat in (line.split() for line in out.stdout.splitlines()) if "Z" not in stat]
 
 
-def start_connect_server(work: Path, token: str, startup_timeout: float = 180.0) -> ConnectServer:
-    """Start a local[2] Connect server on a free port; it can load `rabbitmq_streams` (editable install)."""
+def python_descendants(pid: int) -> list[int]:
+    """The Python processes under `pid` alive now (a Connect server's daemons and workers: a new
+    session starts its own, a shared one reuses them; bench.warm_spark counts them per task)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
+    parents = {int(a): (int(b), c) for a, b, c in (line.split(None, 2) for line in out.splitlines())}
+    found = []
+    for child, (_, comm) in parents.items():
+        q = child
+        while q in parents and q not in (pid, 1):
+            q = parents[q][0]
+        if q == pid and comm.startswith("python"):
+            found.append(child)
+    return found
+
+
+def start_connect_server(
+    work: Path, token: str, startup_timeout: float = 180.0, conf: Mapping[str, str] | None = None
+) -> ConnectServer:
+    """Start a local[2] Connect server on a free port; it can load `rabbitmq_streams` (editable install).
+
+    `conf`: more `--conf` settings for the server (bench.warm_spark compares server settings)."""
     port = free_port()
     log = work / "connect-server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_CONNECT", "SPARK_REMOTE"))}
@@ -130,6 +150,8 @@ def start_connect_server(work: Path, token: str, startup_timeout: float = 180.0)
         "--conf",
         "spark.sql.session.timeZone=UTC",
     ]
+    for key, value in (conf or {}).items():
+        cmd += ["--conf", f"{key}={value}"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd,

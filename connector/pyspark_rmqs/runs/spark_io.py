@@ -53,8 +53,14 @@ def spark_session(
     conf: Mapping[str, str] | None = None,
     remote: str | None = None,
     app: str = "rmqs",
+    *,
+    reuse_session: bool = True,
 ) -> SparkSession:
     """A local SparkSession (its Python workers run this interpreter), or Spark Connect with `remote`.
+
+    With `remote`, the process's Connect session when it has one, else the server-side session
+    every process with the same URL, app and `conf` shares (`connect_sessions`: the server's Python
+    workers stay up between tasks), or one of its own with `reuse_session=False`.
 
     Used by the Airflow operators and Dagster's `SparkSessionResource`; the workers' Python is set
     only when the user set none (`worker_python_env`). A Spark Connect server has its own Python.
@@ -65,23 +71,23 @@ def spark_session(
 
     from pyspark.sql import SparkSession
 
+    from pyspark_rmqs.runs.connect_sessions import connect
     from pyspark_rmqs.spark import jvm
 
     if remote:
-        builder = SparkSession.builder.remote(remote).appName(app)
-    else:
-        master = master or "local[2]"
-        os.environ.update(worker_python_env(conf or {}, os.environ))
-        if master.startswith("local"):  # a cluster's executors must reach the driver: not loopback
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = (
-            SparkSession.builder.master(master)
-            .appName(app)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-        )
-        for k, v in jvm.driver_options(conf or {}).items():
-            builder = builder.config(k, v)
+        return connect(remote, app, conf, reuse_session=reuse_session, new=False)
+    master = master or "local[2]"
+    os.environ.update(worker_python_env(conf or {}, os.environ))
+    if master.startswith("local"):  # a cluster's executors must reach the driver: not loopback
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+    )
+    for k, v in jvm.driver_options(conf or {}).items():
+        builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
