@@ -12,12 +12,13 @@ stream into the `noop` sink, once with no metadata columns and once with all of 
 - **cold**: the first read of a fresh session, in a new process each round (`--cold-child`): what
   every Airflow task with a local session, every Dagster run process and every `spark-submit` of a
   scheduled job gets. Timed from `spark.read` to the last row, after the session started (its start
-  is printed apart);
+  is printed apart); and once more with its Python workers started by a read of one message per
+  partition first (what the fresh JVM costs apart from the Python processes' start);
 - **warm**: a long-lived session warmed up by a tiny read first (the best case).
 
 Each side is the best of `--rounds` interleaved rounds. Prints one line per side and a summary line
-per size: `spark read B=100 (50.0 msg/chunk): bare 250,000 msg/s; cold: fixed columns 0.77x, all
-metadata 0.60x (session start 6.1 s); warm: fixed columns 1.56x, all metadata 1.20x`.
+per size: `spark read B=100 (50.0 msg/chunk): bare 250,000 msg/s; cold: fixed columns 0.77x (workers
+started 0.9x), all metadata 0.60x (session start 6.1 s); warm: fixed columns 1.56x, all metadata 1.20x`.
 
 With `--memory`, also the peak RSS of a separate Python process iterating a `RangeReader` over
 the first 1,000,000 and 10,000,000 messages of a single stream and discarding the batches:
@@ -88,11 +89,19 @@ def _spark_read(
     return int(seen.get["rows"])
 
 
-def _cold_child(superstream: str, fields: str) -> None:
-    """In a new process: start a session, read once; print the session start and the read as JSON."""
+def _cold_child(superstream: str, fields: str, workers: str = "fresh") -> None:
+    """In a new process: start a session, read once; print the session start and the read as JSON.
+
+    `workers="started"`: a read of the first messages of each partition first (Spark's Python
+    workers started and their imports done, as after any earlier read in the session), so the timed
+    read shows what a fresh JVM costs apart from the Python processes' start.
+    """
     started = time.perf_counter()
     spark = spark_session("rmqs-bench-cold-read")
     session_s = time.perf_counter() - started
+    if workers == "started":
+        parts = [f"{superstream}-{i}" for i in range(PARTITIONS)]
+        _spark_read(spark, superstream, None if fields == "all" else fields, {p: 1 for p in parts})
     span = Span()
     rows = _spark_read(spark, superstream, None if fields == "all" else fields)
     m = span.done()
@@ -100,11 +109,13 @@ def _cold_child(superstream: str, fields: str) -> None:
     spark.stop()
 
 
-def _cold(superstream: str, fields: str, count: int, sessions: list[float]) -> Measured:
+def _cold(
+    superstream: str, fields: str, count: int, sessions: list[float], workers: str = "fresh"
+) -> Measured:
     """The first read of a fresh session in a new process, which must see `count` rows; its session
     start is added to `sessions`."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.spark_read", "--cold-child", superstream, fields],
+        [sys.executable, "-m", "bench.spark_read", "--cold-child", superstream, fields, workers],
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -168,15 +179,24 @@ def _one_size(conn: ConnectionOptions, spark: Any, n: int, batch: int, rounds: i
         if cold:
             sides["cold fixed"] = lambda _r: _cold(name, "", n, sessions)
             sides["cold meta"] = lambda _r: _cold(name, "all", n, sessions)
+            sides["cold started"] = lambda _r: _cold(name, "", n, [], "started")
         best = best_measured(rounds, sides, cpu)
         base = report("bare rstream consumer", n, best["bare"], broker_cpu=cpu.get("bare"))
         line = f"spark read B={batch} ({per_chunk:,.1f} msg/chunk): bare {base:,.0f} msg/s; "
         if cold:
             c_fixed = report("spark cold fixed columns", n, best["cold fixed"], base, cpu.get("cold fixed"))
             c_meta = report("spark cold all metadata", n, best["cold meta"], base, cpu.get("cold meta"))
+            c_started = report(
+                "spark cold fixed columns, workers started",
+                n,
+                best["cold started"],
+                base,
+                cpu.get("cold started"),
+            )
             start = min(sessions)
             line += (
-                f"cold: fixed columns {c_fixed / base:.2f}x, all metadata {c_meta / base:.2f}x "
+                f"cold: fixed columns {c_fixed / base:.2f}x (workers started {c_started / base:.2f}x), "
+                f"all metadata {c_meta / base:.2f}x "
                 f"(session start {start:.1f} s); "
             )
         fixed = report("spark warm fixed columns", n, best["fixed"], base, cpu.get("fixed"))
@@ -193,7 +213,9 @@ def main() -> None:
     ap.add_argument("--memory-sizes", default="1000000,10000000", help="comma-separated message counts")
     ap.add_argument("--no-cold", action="store_true", help="only the warm session (no new processes)")
     ap.add_argument("--rss-child", nargs=2, metavar=("STREAM", "COUNT"), help=argparse.SUPPRESS)
-    ap.add_argument("--cold-child", nargs=2, metavar=("SUPERSTREAM", "FIELDS"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--cold-child", nargs=3, metavar=("SUPERSTREAM", "FIELDS", "WORKERS"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.rss_child:
         _rss_child(args.rss_child[0], int(args.rss_child[1]))

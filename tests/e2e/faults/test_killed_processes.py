@@ -103,7 +103,7 @@ def test_streaming_query_killed_and_restarted_under_a_producer(
 
     kills = 0
     try:
-        for _ in range(3):
+        for _ in range(2):  # a restart after a restart: the second kill lands on a recovered query
             before = committed()
             proc = _job("stream", cfg)
             try:
@@ -118,7 +118,7 @@ def test_streaming_query_killed_and_restarted_under_a_producer(
             kills += 1
     finally:
         sent = producer.finish()
-    assert kills == 3
+    assert kills == 2
     # The drain replays the killed batch as logged, then takes the backlog in large batches: at 1,500
     # a batch it took 43 batches and 34 s alone (70,000 messages), a minute and more in the suite.
     drain = {**cfg, "available_now": True, "options": {**options, "maxRecordsPerTrigger": "200000"}}
