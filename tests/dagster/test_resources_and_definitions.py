@@ -53,9 +53,13 @@ def test_spark_session_resource_is_local_by_default_or_spark_connect(monkeypatch
     monkeypatch.setattr(jobs, "spark_session", fake_session)
     assert SparkSessionResource(spark_conf={"a": "b"}).get_session() == "session"
     SparkSessionResource(remote="sc://spark:15002").get_session()
+    SparkSessionResource(remote="sc://spark:15002", reuse_session=False).get_session()
+    local = {"master": "local[2]", "conf": {"a": "b"}, "remote": None, "app": "rmqs-dagster"}
+    remote = {"master": None, "conf": {}, "remote": "sc://spark:15002", "app": "rmqs-dagster"}
     assert calls == [
-        {"master": "local[2]", "conf": {"a": "b"}, "remote": None, "app": "rmqs-dagster"},
-        {"master": None, "conf": {}, "remote": "sc://spark:15002", "app": "rmqs-dagster"},
+        {**local, "reuse_session": True},
+        {**remote, "reuse_session": True},  # steps share the server's session (issue 43)
+        {**remote, "reuse_session": False},
     ]
 
 
