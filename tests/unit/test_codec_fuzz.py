@@ -17,10 +17,9 @@ and planted type codes. The contracts (what the reader relies on):
 
 from __future__ import annotations
 
-import os
-
 import functools
 import gzip
+import os
 import struct
 import tracemalloc
 import uuid

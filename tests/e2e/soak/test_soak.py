@@ -4,7 +4,8 @@ Memory of every process (this driver, the JVM heap after a GC, each Spark Python
 through the run) stays flat; the count of this test's connections does not grow while the query runs;
 and after the query stops, the consumers and publishers of its streams are gone at once and its
 connections once idle pooled ones are evicted (no leaked producer, consumer or connection).
-`make test` runs it for RMQS_SOAK_SECONDS=40 (the default; its thirds still hold connection samples); `make soak` for 10 minutes.
+`make test` runs it for RMQS_SOAK_SECONDS=40 (the default; its thirds still hold connection samples);
+`make soak` for 10 minutes.
 
 The broker is shared with the tests other pytest-xdist workers run meanwhile, so everything is counted
 for this test alone: connections by the client port of a process of this test (this driver, its
