@@ -53,15 +53,25 @@ def report(started: float, master: int, batches: list[int]) -> None:
         f"campaign: {stats['sequences']} sequences, {stats['steps']} steps, {stats['messages']} messages, "
         f"{stats['final_checks']} final checks in {time.monotonic() - started:.0f} s"
     )
-    for prefix in ("rule", "outcome", "concurrent", "noop", "avoided", "disabled"):
+    for prefix in ("rule", "outcome", "concurrent", "killed", "paused", "noop", "avoided", "disabled"):
         found = sorted((k, v) for k, v in stats.items() if k.startswith(prefix + ":"))
         if found:
             print(f"campaign: {prefix}s: " + ", ".join(f"{k.split(':', 1)[1]}={v}" for k, v in found))
     seconds = sorted(harness.SECONDS.items(), key=lambda kv: -kv[1])
     print("campaign: seconds per rule: " + ", ".join(f"{k}={v:.0f}" for k, v in seconds))
-    for key in ("lease_connections_closed", "data_loss_reported"):
+    for key in (
+        "lease_connections_closed",
+        "data_loss_reported",
+        "truncated_messages",
+        "lost_owed",
+        "data_loss_messages_excused",
+        "time_open_refused",
+        "data_loss_false_alarm",
+    ):
         if stats[key]:
             print(f"campaign: {key}: {stats[key]}")
+    for alarm in harness.FALSE_ALARMS[:5]:
+        print(f"campaign: a loss reported that the consumer did not suffer: {alarm}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         batches.append(batch)
         machine = seed(batch)(campaign.machine_with(config))
         print(f"campaign: batch {len(batches)} seed {batch}", flush=True)
+        seen = len(harness.FAILURES)
         try:
             run_state_machine_as_test(
                 machine, settings=campaign_settings(args.examples, args.steps, shrink=not args.no_shrink)
@@ -115,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             print(f"\ncampaign: VIOLATION in batch seed {batch}: {type(e).__name__}: {e}", flush=True)
             traceback.print_exception(e, limit=-3)
+            if harness.FAILURES[seen:]:  # as it happened first (hypothesis replays may differ)
+                trail, error = harness.FAILURES[seen]
+                print(f"campaign: first failure in this batch: {error}\n" + "\n".join(trail), flush=True)
             if not args.keep_going:
                 break
     report(started, master, batches)

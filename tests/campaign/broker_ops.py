@@ -8,6 +8,7 @@ an operator would. Nothing here is the code under test's mock: every call reache
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote
@@ -20,6 +21,11 @@ from tests.support.broker import BrokerSettings, management
 from tests.support.data import conn_of
 
 LEASE_CONNECTION_PREFIX = "rmqs-lease:"
+# Every stream of a sequence is created with tiny segments, so retention (which deletes whole
+# segments, never the one being written) can truncate a stream of a few hundred short messages:
+# the truncate rule sets a `max-length-bytes` policy, rolls a segment, and removes the policy.
+SEGMENT_BYTES = 400
+STREAM_ARGS = {"stream-max-segment-size-bytes": SEGMENT_BYTES}
 
 
 def routing_key(seq: int) -> str:
@@ -42,7 +48,7 @@ class BrokerOps:
     # ----------------------------------------------------------------------------- topology
 
     def create_stream(self, name: str) -> None:
-        self.client.create_stream(name)
+        self.client.create_stream(name, STREAM_ARGS)
 
     def delete_stream(self, name: str, wait_s: float = 10.0) -> None:
         """Delete `name` and wait until the broker no longer has it (creating it again at once could
@@ -55,7 +61,7 @@ class BrokerOps:
             time.sleep(0.05)
 
     def create_super_stream(self, name: str, partitions: int) -> list[str]:
-        self.client.create_super_stream(name, partitions)
+        self.client.create_super_stream(name, partitions, STREAM_ARGS)
         return self.client.partitions(name)
 
     def delete_super_stream(self, name: str, partitions: Iterable[str]) -> None:
@@ -89,6 +95,70 @@ class BrokerOps:
 
     def tails(self, streams: Iterable[str]) -> dict[str, int]:
         return self.client.tails(list(streams))
+
+    def offsets_of(self, stream: str, bodies: Sequence[bytes], tail: int, since: int) -> list[int]:
+        """The offsets of `bodies`, just published to `stream` in this order, which now ends at `tail`;
+        none of them is below `since` (the tail before).
+
+        Not `tail - len(bodies) + i` in general: offset-tracking chunks take offsets too, and every
+        segment a stream starts begins with a snapshot of its tracked offsets, so a segment rolled
+        between two chunks of one publish puts a gap inside it (often, with tiny segments). The first
+        body's offset tells: where it is at `tail - len(bodies)` the bodies are contiguous."""
+        n = len(bodies)
+        found = self.client.find_message(stream, since, lambda b: b == bodies[0])
+        if found is None:
+            raise AssertionError(f"{bodies[0]!r} was published to {stream} but is not there")
+        if found[0] == tail - n:
+            return [tail - n + i for i in range(n)]
+        out = [found[0]]
+        for body in bodies[1:]:
+            at = self.client.find_message(stream, out[-1] + 1, lambda b, body=body: b == body)  # type: ignore[misc]
+            if at is None:
+                raise AssertionError(f"{body!r} was published to {stream} but is not there")
+            out.append(at[0])
+        return out
+
+    def firsts(self, streams: Iterable[str]) -> dict[str, int]:
+        """The first offset retention kept, per existing stream."""
+        return {s: b[0] for s, b in self.client.bounds(list(streams)).items() if b is not None}
+
+    def settled_first(self, stream: str, stable_s: float = 0.3, wait_s: float = 5.0) -> int:
+        """`stream`'s first offset once it stayed the same for `stable_s` (segments go in the
+        background)."""
+        last = self.firsts([stream])[stream]
+        since = time.monotonic()
+        deadline = since + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.firsts([stream])[stream]
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= stable_s:
+                break
+        return last
+
+    # ---------------------------------------------------------------------------- retention
+
+    def _policy(self, stream: str) -> str:
+        vhost = quote(self.settings.vhost, safe="")
+        return f"policies/{vhost}/{quote(f'campaign-retention-{stream}', safe='')}"
+
+    def set_retention(self, stream: str, max_bytes: int) -> None:
+        """A `max-length-bytes` policy on `stream` alone (management API, as an operator would)."""
+        management(
+            "PUT",
+            self._policy(stream),
+            {
+                "pattern": f"^{re.escape(stream)}$",
+                "apply-to": "queues",
+                "priority": 100,
+                "definition": {"max-length-bytes": max_bytes},
+            },
+            port=self.settings.management_port,
+        )
+
+    def clear_retention(self, stream: str) -> None:
+        management("DELETE", self._policy(stream), port=self.settings.management_port)
 
     def stored_on(self, consumer: str, streams: Iterable[str]) -> dict[str, int | None]:
         """The consumer's stored watermark per stream (None where it stored none)."""

@@ -53,9 +53,16 @@ class DagsterRuns:
             self._instance = None
 
     def execute(
-        self, target: TargetModel, pipeline: PipelineModel, *, output: Path, started_seq: int
+        self,
+        target: TargetModel,
+        pipeline: PipelineModel,
+        *,
+        output: Path,
+        started_seq: int,
+        lenient: bool = False,
     ) -> Attempt:
-        """Materialize `pipeline`'s asset once; never raises what the step raised."""
+        """Materialize `pipeline`'s asset once (`lenient`: fail_on_data_loss=False, as a user accepting
+        a reported loss rebuilds it); never raises what the step raised."""
         where: dict[str, Any] = (
             {"superstream": target.name} if target.superstream else {"stream": target.name}
         )
@@ -66,6 +73,7 @@ class DagsterRuns:
             output_path=str(output),
             engine="arrow",
             starting_offsets="latest" if pipeline.starting == "latest" else "earliest",
+            fail_on_data_loss=not lenient,
             **where,
         )
         attempt = Attempt("watermark", started_seq)

@@ -3,7 +3,9 @@
 (a) no silent loss: every message a successful run promised (published before the run planned,
     or below the ends it reports; still readable; owed from where the consumer started) is in the
     consumer's output; and every owed message at or below the consumer's stored watermark is in its
-    output (a watermark past an undelivered message is a loss waiting for its next run).
+    output (a watermark past an undelivered message is a loss waiting for its next run). A message
+    retention removed before such a consumer read it stays owed until a run reports it
+    (`DataLossError`, `data_loss`): model.excuse_reported.
 (b) an exactly-once (Parquet) output holds each message at most once; outputs hold only messages
     published to their target, at the stream and offset they were published at; two runs of one
     consumer do not deliver at once (machine.concurrent_runs checks that one).
@@ -80,12 +82,20 @@ def check_coverage(
 
 
 def check_watermarks(model: Model, p: PipelineModel, stored: Mapping[str, int | None]) -> None:
-    """(c) never backwards within an incarnation; remembers the highest seen."""
+    """(c) never backwards within an incarnation; remembers the highest seen.
+
+    Except that the broker itself forgets a stored offset below the stream's first offset: every
+    new segment starts with a snapshot of the offsets tracked, without those (osiris_tracking;
+    `first - 1`, "read everything retention removed", goes too). Such a watermark may vanish at any
+    segment roll after a truncation; the consumer's next run then starts from its run record."""
     for stream, wm in stored.items():
         if stream not in model.partitions or not model.partitions[stream].exists:
             continue
         part = model.part_of(stream)
         before = p.watermarks.get(part)
+        if before is not None and wm is None and before < model.partitions[stream].first:
+            del p.watermarks[part]
+            continue
         if before is not None and (wm is None or wm < before):
             raise Violation("c", f"{p.key}: watermark on {stream} moved backwards, {before} -> {wm}")
         if wm is not None:

@@ -11,10 +11,12 @@ test_regressions.py replays such sequences as plain tests.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -25,17 +27,20 @@ from pyspark_rmqs.cli import app as cli
 from pyspark_rmqs.runs.record import run_key
 from tests.campaign.config import CampaignConfig
 from tests.campaign.faults import CRASH_POINTS, Crash, Hooks, SinkFailure, lease_wait, sink_hooks
-from tests.campaign.harness import AIRFLOW_PIPELINES, PIPELINES, STATS, STREAM_KEYS, TARGETS, CampaignBase
+from tests.campaign.harness import AIRFLOW_PIPELINES, FAILURES, PIPELINES, STATS, STREAM_KEYS, TARGETS
 from tests.campaign.invariants import Violation, check_backfill_stored_nothing, check_failure
 from tests.campaign.runs import Attempt, Row, execute
+from tests.campaign.spark_rules import SparkRules
 
 LATE_MESSAGES = 7  # published from inside a run's sink
 LEASE_WAIT_S = 0.5  # how long the second of two concurrent runs waits for the consumer name
 SET_TO = ("latest", "earliest", "quarter", "half")  # where `rmqs watermark set --to` moves it
 
 
-class CampaignMachine(CampaignBase):
-    """The rules; one instance is one sequence on its own streams (see harness.py)."""
+class CampaignMachine(SparkRules):
+    """The rules; one instance is one sequence on its own streams (see harness.py); the rules on
+    retention and time positions are in retention_time.py, real process kills in killed.py, the
+    Spark consumer's in spark_rules.py."""
 
     # -------------------------------------------------------------------------------- rules
 
@@ -171,8 +176,20 @@ class CampaignMachine(CampaignBase):
         STATS[f"outcome:backfill:{attempt.label}"] += 1
         check_failure(p, attempt, None)
         check_backfill_stored_nothing(p, before, self._stored(p))
+        first = {s: self.model.partitions[s].first for s in t.partitions}
+        lost = {s for s in t.partitions if start[s] < first[s] and tails[s] > start[s]}
+        if attempt.data_loss and not lost:
+            raise Violation(
+                "d", f"a backfill of {p.key} over {start}..{tails} reported a loss: {attempt.describe()}"
+            )
         if not attempt.ok:
             return
+        if lost:  # failOnDataLoss (the default): retention's removals in the range are reported
+            raise Violation(
+                "a",
+                f"a backfill of {p.key} over {start}..{tails} succeeded, though retention removed "
+                f"offsets below {first} of it ({attempt.describe()})",
+            )
         assert attempt.summary is not None
         if attempt.summary.get("mode") != "backfill" or attempt.summary.get("watermark_stored"):
             raise Violation("c", f"a backfill of {p.key} ran as {attempt.summary.get('mode')}, stored")
@@ -180,7 +197,7 @@ class CampaignMachine(CampaignBase):
             m.body
             for s in t.partitions
             for m in self.model.partitions[s].messages
-            if m.offset is not None and start[s] <= m.offset < tails[s]
+            if m.offset is not None and max(start[s], first[s]) <= m.offset < tails[s]
         }
         got = Counter(body for body, _, _ in rows)
         if set(got) != wanted or any(n > 1 for n in got.values()):
@@ -335,3 +352,28 @@ def json_offsets(offsets: dict[str, int]) -> str:
 def machine_with(config: CampaignConfig) -> type[CampaignMachine]:
     """A machine class running under `config` (hypothesis instantiates machines without arguments)."""
     return type("CampaignMachine", (CampaignMachine,), {"config": config})
+
+
+def _traced(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` (a rule), noting its call in the machine's trail and what it raised in FAILURES."""
+
+    @functools.wraps(function)
+    def traced(self: CampaignMachine, **kw: Any) -> Any:
+        self.trail.append(f"state.{name}({', '.join(f'{k}={v!r}' for k, v in sorted(kw.items()))})")
+        try:
+            return function(self, **kw)
+        except BaseException as e:
+            FAILURES.append((list(self.trail), f"{type(e).__name__}: {e}"))
+            raise
+
+    return traced
+
+
+# Every rule records its call and what it raised: when hypothesis's replay of a failure behaves
+# differently (the broker's timing: `Flaky...` errors hide the first failure), the runner prints
+# the failure as it happened first.
+for _cls in CampaignMachine.__mro__:
+    for _name, _member in vars(_cls).items():
+        _rule = getattr(_member, "hypothesis_stateful_rule", None)
+        if _rule is not None and not hasattr(_rule.function, "__wrapped__"):
+            object.__setattr__(_rule, "function", _traced(_name, _rule.function))

@@ -16,7 +16,8 @@ What a consumer must hold ("where it started"):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 Part = tuple[str, int]  # (partition stream, incarnation)
@@ -31,6 +32,10 @@ class Message:
     stream: str
     incarnation: int
     offset: int | None
+    # Local clock (epoch ms) just before the publish call and just after its confirms: the broker
+    # timestamps each chunk when it writes it, on this machine's clock, so the message's chunk
+    # timestamp lies within (stamps are per chunk: every message of one call shares the window).
+    published: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Partition:
     incarnation: int = 0
     exists: bool = True
     messages: list[Message] = field(default_factory=list)
+    first: int = 0  # the first offset retention kept (the truncate rule moves it)
 
     @property
     def part(self) -> Part:
@@ -66,13 +72,21 @@ class PipelineModel:
     target: str
     sink: str  # "fn": at-least-once function sink; "parquet": exactly-once Parquet folder
     starting: str  # "earliest" | "latest"
-    engine: str = "airflow"  # "airflow": the consume operator; "dagster": an arrow-engine asset
+    engine: str = "airflow"  # "airflow": the consume operator; "dagster": an arrow-engine asset;
+    # "spark": the Airflow Spark read operator
     boundary: int | None = None  # seq when its first watermark run planned (latest only matters)
     boundary_parts: frozenset[Part] = frozenset()
     pending_since: int | None = None  # seq at the first failed try since its last success
     excused: set[bytes] = field(default_factory=set)  # reported lost or legitimately skipped
     promised: set[bytes] = field(default_factory=set)  # a successful run said these are delivered
     watermarks: dict[Part, int] = field(default_factory=dict)  # highest stored offset observed
+    # A storing run of this consumer on this target got past planning (wrote a run record): from
+    # then on its plans start below a stream's first offset on a stream new to it too (offset 0),
+    # so retention truncating what it has not read is a loss its next run must report.
+    planned_ever: bool = False
+    # Messages retention removed before this consumer read them, not reported yet (still owed: a run
+    # that passes over them without a report is a silent loss); excused once a run reports them.
+    lost: set[bytes] = field(default_factory=set)
 
     @property
     def exactly_once(self) -> bool:
@@ -88,6 +102,7 @@ class Model:
         self.targets: dict[str, TargetModel] = {}
         self.messages: dict[bytes, Message] = {}
         self.pipelines: dict[str, PipelineModel] = {}
+        self.windows: list[tuple[int, int]] = []  # every publish call's clock window, in order
 
     # ----------------------------------------------------------------------------- topology
 
@@ -112,6 +127,7 @@ class Model:
         part.incarnation += 1
         part.exists = True
         part.messages = []
+        part.first = 0
 
     def target_exists(self, key: str) -> bool:
         return all(self.partitions[p].exists for p in self.targets[key].partitions)
@@ -129,11 +145,18 @@ class Model:
         self.seq += n
         return out
 
-    def record(self, stream: str, items: Sequence[tuple[int, bytes]], offsets: Sequence[int | None]) -> None:
-        """`items` were published to `stream`, in order, at `offsets` (None: not known)."""
+    def record(
+        self,
+        stream: str,
+        items: Sequence[tuple[int, bytes]],
+        offsets: Sequence[int | None],
+        published: tuple[int, int] = (0, 0),
+    ) -> None:
+        """`items` were published to `stream`, in order, at `offsets` (None: not known), by a publish
+        call within the clock window `published` (epoch ms)."""
         part = self.partitions[stream]
         for (seq, body), offset in zip(items, offsets, strict=True):
-            m = Message(seq, body, stream, part.incarnation, offset)
+            m = Message(seq, body, stream, part.incarnation, offset, published)
             part.messages.append(m)
             self.messages[body] = m
 
@@ -175,4 +198,62 @@ class Model:
         part = self.partitions[stream]
         return [
             m for m in part.messages if m.offset is not None and m.offset <= watermark and self.owed(p, m)
+        ]
+
+    # ---------------------------------------------------------------------------- retention
+
+    def truncated(self, m: Message) -> bool:
+        """Whether retention removed `m` (current incarnation, below the first offset kept)."""
+        part = self.partitions[m.stream]
+        return part.incarnation == m.incarnation and m.offset is not None and m.offset < part.first
+
+    def truncate(self, stream: str, first: int) -> list[Message]:
+        """Retention moved `stream`'s first offset to `first`: the messages it newly removed."""
+        part = self.partitions[stream]
+        gone = [m for m in part.messages if m.offset is not None and part.first <= m.offset < first]
+        part.first = max(part.first, first)
+        return gone
+
+    def named(self, spans: Mapping[str, Sequence[int]]) -> list[Message]:
+        """The messages retention really removed within offsets `[start, end)` of these streams."""
+        out: list[Message] = []
+        for stream, span in spans.items():
+            if stream not in self.partitions or len(span) != 2:
+                continue
+            start, end = int(span[0]), int(span[1])
+            out.extend(
+                m
+                for m in self.partitions[stream].messages
+                if self.truncated(m) and m.offset is not None and start <= m.offset < end
+            )
+        return out
+
+    def excuse_reported(self, p: PipelineModel, spans: Mapping[str, Sequence[int]]) -> list[Message]:
+        """A run of `p` reported offsets `[start, end)` of these streams lost: the messages there that
+        retention really removed are no longer owed (what is still readable stays owed)."""
+        out = self.named(spans)
+        self.excuse(p, out)
+        p.lost.difference_update(m.body for m in out)
+        return out
+
+    # ------------------------------------------------------------------------------ time
+
+    def gaps(self, now_ms: int) -> list[int]:
+        """Times (epoch ms, in the past) no publish call's window holds: a time position there
+        splits every partition's messages exactly into those published before and after it,
+        whichever chunk each landed in."""
+        out: list[int] = []
+        edges = [(0, 0), *self.windows, (now_ms, now_ms)]
+        for (_, before), (after, _) in itertools.pairwise(edges):
+            if after - before >= 4:
+                out.append((before + after) // 2 if before else after - 1000)
+        return [t for t in out if 0 < t < now_ms]
+
+    def published_between(self, stream: str, start: int, end: int | None) -> list[Message]:
+        """Messages of `stream`'s current incarnation published at or after `start` and before `end`
+        (epoch ms; None: no end), retention's removals included."""
+        return [
+            m
+            for m in self.partitions[stream].messages
+            if m.published[0] >= start and (end is None or m.published[1] < end)
         ]

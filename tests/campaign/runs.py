@@ -1,6 +1,7 @@
 """One try of a run through the public Airflow operator, and what a pipeline's output holds.
 
-Every run is `RabbitMQStreamConsumeOperator(...).execute({})`, as an Airflow worker calls it: a
+Every run is `RabbitMQStreamConsumeOperator(...).execute({})` (the Spark consumer's:
+`RabbitMQStreamReadOperator`, on the process's local SparkSession), as an Airflow worker calls it: a
 watermark run (`start="watermark"`), a backfill over explicit offsets (stores nothing) or a run
 with an explicit start that stores (`store_watermark=True`). What it returned or raised is kept
 whole in an `Attempt`; the machine decides what that means for the model.
@@ -13,11 +14,12 @@ only files a commit names), never by listing the folder.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
+from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamReadOperator
 from pyspark_rmqs.committed import committed_dataset, committed_files
 from pyspark_rmqs.core.errors import ConsumerBusyError, DataLossError, LeaseLostError, RmqsError
 from pyspark_rmqs.errors import classify
@@ -28,6 +30,7 @@ from tests.support.broker import BrokerSettings
 CONN_ID = "rmqs_campaign"
 
 Row = tuple[bytes, str, int]  # (body, partition stream, offset)
+LOST = re.compile(r"offsets \[(\d+), (\d+)\) of stream '([^']+)' are lost")
 
 
 def use_broker(settings: BrokerSettings) -> None:
@@ -39,7 +42,7 @@ def use_broker(settings: BrokerSettings) -> None:
 class Attempt:
     """One `execute()`: the summary it returned or the exception it raised."""
 
-    kind: str  # "watermark" | "capped" (max_messages) | "backfill" | "explicit"
+    kind: str  # "watermark" | "capped" (max_messages) | "backfill" | "explicit" | "timed" (time range)
     started_seq: int  # the model's publish counter when the try began
     summary: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -95,6 +98,18 @@ class Attempt:
         return isinstance(self.error, DataLossError) or self.error_class == "DataLossError"
 
     @property
+    def lost_spans(self) -> dict[str, list[int]]:
+        """The offsets `[start, end)` per stream the try reported lost: its summary's `data_loss`, or
+        the spans a `DataLossError` names (rmqs's one wording, `core.errors.lost_message`)."""
+        spans: dict[str, list[int]] = {}
+        for stream, span in ((self.summary or {}).get("data_loss") or {}).items():
+            spans[str(stream)] = [int(span[0]), int(span[1])]
+        if self.data_loss and self.error is not None:
+            for start, end, stream in LOST.findall(str(self.error)):
+                spans[stream] = [int(start), int(end)]
+        return spans
+
+    @property
     def resumed(self) -> bool:
         return bool(self.summary and self.summary.get("resumed_plan"))
 
@@ -124,6 +139,7 @@ def execute(
     end: Any = "latest",
     store_watermark: bool | None = None,
     max_messages: int | None = None,
+    fail_on_data_loss: bool = True,
 ) -> Attempt:
     """Run the consume operator once for `pipeline`; never raises what the run raised."""
     where: dict[str, Any] = {"superstream": target.name} if target.superstream else {"stream": target.name}
@@ -131,8 +147,13 @@ def execute(
         {"output_path": str(output)} if output is not None else {"apply_function": function_sink(hooks, rows)}
     )
     attempt = Attempt(kind, started_seq, rows=rows)
+    if pipeline.engine == "spark":
+        assert output is not None, "the Spark consumer writes an exactly-once Parquet folder"
+        # No console progress bars between the runner's lines (read when the session starts).
+        sink = {"output_path": str(output), "spark_conf": {"spark.ui.showConsoleProgress": "false"}}
     try:
-        op = RabbitMQStreamConsumeOperator(
+        operator = RabbitMQStreamReadOperator if pipeline.engine == "spark" else RabbitMQStreamConsumeOperator
+        op = operator(
             task_id=f"campaign-{pipeline.consumer}",
             rabbitmq_stream_conn_id=CONN_ID,
             consumer_name=pipeline.consumer,
@@ -141,6 +162,7 @@ def execute(
             end=end,
             store_watermark=store_watermark,
             max_messages=max_messages,
+            fail_on_data_loss=fail_on_data_loss,
             **where,
             **sink,
         )

@@ -46,8 +46,10 @@ def test_the_protocol_campaign_finds_no_violation(broker: BrokerSettings) -> Non
     )
     ran = harness.STATS - before
     rules = {k.split(":", 1)[1]: v for k, v in sorted(ran.items()) if k.startswith("rule:")}
+    seconds = {k: round(v, 1) for k, v in sorted(harness.SECONDS.items(), key=lambda kv: -kv[1])}
     print(
         f"campaign: {ran['sequences']} sequences, {ran['steps']} steps, {ran['messages']} messages, "
-        f"{ran['final_checks']} final checks in {time.monotonic() - began:.0f} s; rules {rules}"
+        f"{ran['final_checks']} final checks in {time.monotonic() - began:.0f} s; rules {rules}; "
+        f"seconds {seconds}"
     )
     assert ran["final_checks"] >= 1 and ran["steps"] >= EXAMPLES

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.campaign.machine import STATS, CampaignMachine
+from tests.campaign.config import KNOWN_BUGS, SLOW_OPERATIONS, CampaignConfig
+from tests.campaign.invariants import Violation
+from tests.campaign.machine import STATS, CampaignMachine, machine_with
 from tests.support.broker import BrokerSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.airflow]
@@ -22,8 +24,9 @@ pytestmark = [pytest.mark.broker, pytest.mark.airflow]
 
 @pytest.fixture
 def state(broker: BrokerSettings) -> Iterator[CampaignMachine]:
-    """A fresh machine (its own streams); its streams are deleted even when a step failed."""
-    machine = CampaignMachine()
+    """A fresh machine (its own streams); its streams are deleted even when a step failed. Without
+    the slow operations (config.SLOW_OPERATIONS): no Spark consumer in the final check."""
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS))()
     try:
         yield machine
     finally:
@@ -109,4 +112,52 @@ def test_a_failure_recording_delivered_says_the_output_is_committed(state: Campa
         state,
         ("publish", {"to": "a", "n": 10}),
         ("run_crashing", {"pipeline": "c2@a", "point": "before_delivered", "retry": True}),
+    )
+
+
+@pytest.mark.xfail(raises=Violation, strict=True, reason=KNOWN_BUGS["evicted-watermark-conflict"])
+def test_a_watermark_the_broker_dropped_after_retention_fails_no_run(state: CampaignMachine) -> None:
+    """Invariant (e), found by the campaign (the in-suite budget's final check, before this name was
+    stepped around): consumer c1 stored 29 on `a`; retention moved `a`'s first offset past it
+    (`truncate`); a run with `fail_on_data_loss=False` plans from 30 (reporting `[30, first)` lost)
+    while new messages arrive during its sink and roll a segment, whose tracking snapshot leaves out
+    the offset 29, now below the first offset (the broker's rule, `first - 1` included). The run's
+    store then finds None where it planned with 29 and fails with the non-retryable
+    `WatermarkConflictError` "moved by another run", though no other run exists: an orchestrator
+    does not retry, the user is sent looking for a second pipeline. The next run recovers (it
+    plans from its record; nothing is lost), so the failure is the bug: the watermark the broker
+    dropped below the first offset is not a move by another run."""
+    state.holds()
+    for name, kwargs in (
+        ("publish", {"to": "a", "n": 30}),
+        ("run", {"pipeline": "c1@a"}),
+        ("truncate", {"stream": "a", "before": 40}),
+    ):
+        getattr(state, name)(**kwargs)
+        state.holds()
+    attempt = state._watermark_run("c1@a", lenient=True, late=60)  # late: a segment rolls mid-run
+    state.holds()
+    assert attempt is not None
+    if not attempt.ok and not attempt.retryable:
+        raise Violation("e", f"a run of c1@a with no other run of c1 failed for good: {attempt.describe()}")
+    state.teardown()
+
+
+@pytest.mark.xfail(raises=Violation, strict=True, reason=KNOWN_BUGS["evicted-watermark-silent"])
+def test_a_watermark_the_broker_dropped_after_retention_is_no_silent_loss(state: CampaignMachine) -> None:
+    """Invariant (a), a silent loss found by `make campaign` (seed 3222448890, shrunk by hand): `rmqs
+    watermark set --to half` positions c1 on `b` at 20 (c1 never ran there: no run record);
+    retention moves `b`'s first offset past it (`truncate`: offsets 21 and up to the new first
+    offset are gone before c1 read them); the next publish rolls a segment, whose tracking snapshot
+    leaves out the stored offset below the first offset (the broker's rule). c1's next run finds no
+    watermark and no record, starts at the first offset kept ("earliest") and succeeds with no
+    `DataLossError` and no `data_loss`: the offsets between its watermark and the first offset kept
+    were lost silently (lag 0). A consumer with a run record is safe: its record's end places it."""
+    steps(
+        state,
+        ("publish", {"to": "b", "n": 40}),
+        ("watermark_set", {"pipeline": "c1@b", "to": "half"}),
+        ("truncate", {"stream": "b", "before": 15}),
+        ("publish", {"to": "b", "n": 50}),
+        ("run", {"pipeline": "c1@b"}),
     )
