@@ -14,7 +14,11 @@ import os
 from dataclasses import dataclass, field, replace
 
 # Each known failure class still open: what it is, the regression test that reproduces it.
-KNOWN_BUGS: dict[str, str] = {
+KNOWN_BUGS: dict[str, str] = {}
+
+# Failure classes fixed since (in the working tree when the campaign was written): their guards stay,
+# so `--avoid` can still step around them on older code.
+FIXED_BUGS: dict[str, str] = {
     "evicted-watermark-silent": (
         "found by the campaign: a consumer positioned only by a stored watermark (`rmqs watermark "
         "set`, no run record yet) whose watermark retention passed: the broker drops the stored "
@@ -29,11 +33,6 @@ KNOWN_BUGS: dict[str, str] = {
         "('moved by another run ...: <watermark> -> None'), though no other run exists "
         "(test_regressions.py::test_a_watermark_the_broker_dropped_after_retention_fails_no_run)"
     ),
-}
-
-# Failure classes fixed since (in the working tree when the campaign was written): their guards stay,
-# so `--avoid` can still step around them on older code.
-FIXED_BUGS: dict[str, str] = {
     "lease-close": (
         "issue 42 case 6: a lease lost mid-sink let a second run deliver the same range at once "
         "(test_regressions.py::test_a_lease_lost_mid_sink_lets_no_second_run_deliver)"

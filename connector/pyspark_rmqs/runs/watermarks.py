@@ -178,8 +178,10 @@ def store_watermarks_checked(
     (`{stream: watermark kept}`). Re-reads the watermarks first and fails with
     `WatermarkConflictError` (naming the consumer and both positions) when another run stored
     since; reads them back after storing and fails the same way when a concurrent store
-    overwrote this one. Only a `resumed` run may find its own values already stored (an earlier try
-    of the same run stored some partitions, then died).
+    overwrote this one. A stored offset that vanished while below the stream's first offset was
+    dropped by the broker (it forgets tracking entries under the first offset when a segment
+    rolls), not moved by another run: it is stored over. Only a `resumed` run may find its own
+    values already stored (an earlier try of the same run stored some partitions, then died).
     """
     kept = {s: v for s, o in last_offsets.items() if (v := seen.get(s)) is not None and o <= v}
 
@@ -192,6 +194,9 @@ def store_watermarks_checked(
         now = await client.stored_offsets(consumer, streams)
         own = (lambda s: wanted[s]) if resumed else (lambda s: seen.get(s))
         moved = {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), own(s))}
+        for s, (was, found) in list(moved.items()):
+            if found is None and was is not None and was < await client.first_offset(s):
+                del moved[s]  # dropped by the broker under its first offset, not moved by a run
         if moved:
             raise WatermarkConflictError(_conflict(consumer, moved, "since this run planned"))
         await client.store_offsets(consumer, wanted)
