@@ -13,7 +13,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # is set (tests/conftest.py does the same for a pytest run by hand).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup prepare java warm test test-unit test-containers test-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
+.PHONY: setup prepare java warm test test-unit test-containers test-cluster test-spark-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
 
 setup: java $(STAMP)
 
@@ -93,6 +93,15 @@ CLUSTER_ENV := RMQS_TEST_CLUSTER=1 RMQS_TEST_CLUSTER_HOME=$(CLUSTER_HOME)
 test-cluster: prepare
 	@rc=0; $(CLUSTER_ENV) $(PY) -m pytest -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$(KEEP_CLUSTER)" != 1 ]; then $(CLUSTER_ENV) $(PY) -m tests.cluster.support down; fi; exit $$rc
+
+# The standalone Spark tier (tests/spark_cluster, pytest marker `spark_cluster`): a master and two
+# one-core workers from the venv's pyspark (tests/spark_cluster/standalone.py: loopback, free ports,
+# a work dir each under a temp dir, stopped with the session), executors running this venv's Python
+# at the same path (docs/deployment.md). Reads, drains, writes, the Airflow and Dagster Spark paths
+# with a spark:// master, a killed executor, a lost worker and speculation, every offset counted.
+# Needs the suite's broker. Not part of `make test`; 14 tests, about 8 minutes on 2 cores.
+test-spark-cluster: prepare
+	RMQS_TEST_SPARK_CLUSTER=1 $(PY) -m pytest -p no:cacheprovider -m spark_cluster tests/spark_cluster $(PYTEST_ARGS)
 
 cluster-up cluster-down cluster-status: setup
 	$(CLUSTER_ENV) $(PY) -m tests.cluster.support $(@:cluster-%=%)

@@ -10,7 +10,8 @@
 # 2. The tests marked `serial` (they would stop, restart or pause the shared broker: none today),
 #    alone against it.
 # The container tier (tests/containers, marked `containers`) is not run here: `make test-containers`.
-# The cluster tier (tests/cluster, `make test-cluster`) is in neither phase.
+# The cluster tier (tests/cluster, `make test-cluster`) and the standalone Spark tier
+# (tests/spark_cluster, `make test-spark-cluster`) are in neither phase.
 # Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), the
 # machine's CPU over the run, and a closing `N passed, N failed, N skipped` line over every run.
 # Arguments go to every pytest run (a path selects within each phase).
@@ -33,7 +34,7 @@ cpu0=$(busy)
 start=$SECONDS
 xdist=()
 if [[ $WORKERS -gt 1 ]]; then xdist=(-n "$WORKERS" --dist loadgroup); fi
-"$PY" -m pytest "${xdist[@]}" -m "not serial and not containers and not cluster" --junitxml "$out/parallel.xml" "$@"
+"$PY" -m pytest "${xdist[@]}" -m "not serial and not containers and not cluster and not spark_cluster" --junitxml "$out/parallel.xml" "$@"
 parallel=$?
 first=$((SECONDS - start))
 serial=5

@@ -181,6 +181,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
         if item.nodeid.startswith("tests/containers/"):
             item.add_marker(pytest.mark.containers)
+        if item.nodeid.startswith("tests/spark_cluster/"):
+            item.add_marker(pytest.mark.spark_cluster)
     if not on_worker:
         return
     items.sort(key=_start_order)
