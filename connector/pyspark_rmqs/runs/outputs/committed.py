@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from pyspark_rmqs.runs.outputs import commit_index
 from pyspark_rmqs.runs.outputs.delivery import COMMITS
 from pyspark_rmqs.runs.outputs.objectstore import Location, locate
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
 
 SPARK_LOG = "_spark_metadata"
+WINDOW_PREFIX = "rmqs_window="  # a Dagster time window's folder (dagster_rmqs.windows)
 
 
 def committed_files(
@@ -76,22 +78,21 @@ def committed_dataset(
 
 
 def _rmqs_files(where: Location) -> list[str]:
-    """The files the commit records (manifests) under `where` list, at any depth: a Dagster time
-    window keeps its runs and their records in its own `rmqs_window=<key>/` folder."""
+    """The files the commit records (manifests) under `where` list: its own `_rmqs_commits/`, or,
+    for a Dagster time-window output (which has none of its own), each window's
+    (`rmqs_window=<key>/_rmqs_commits/`), read through their indexes (`commit_index`: one listing
+    of record names and O(1) records per folder, whatever the history)."""
     from pyarrow import fs as pafs
 
-    selector = pafs.FileSelector(where.base, recursive=True, allow_not_found=True)
+    own = commit_index.snapshot(commit_index.ArrowFolder(where.fs, where.path(COMMITS)))
+    if own.tokens:  # a folder of runs: no time windows below it (no listing of its files)
+        return [f"{where.base}/{f}" for f in own.files]
     out: list[str] = []
+    selector = pafs.FileSelector(where.base, allow_not_found=True)
     for info in where.fs.get_file_info(selector):
-        folder, _, name = info.path.rpartition("/")
-        parent, _, leaf = folder.rpartition("/")
-        if info.type != pafs.FileType.File or leaf != COMMITS or not name.endswith(".json"):
-            continue
-        try:
-            record = json.loads(_read_text(where, info.path))
-        except (OSError, ValueError):
-            continue
-        out += [f"{parent}/{f}" for f in record.get("files", [])]
+        if info.type == pafs.FileType.Directory and info.base_name.startswith(WINDOW_PREFIX):
+            window = commit_index.snapshot(commit_index.ArrowFolder(where.fs, f"{info.path}/{COMMITS}"))
+            out += [f"{info.path}/{f}" for f in window.files]
     return out
 
 

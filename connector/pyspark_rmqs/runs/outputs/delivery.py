@@ -37,18 +37,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark_rmqs.core.errors import ConfigurationError
-from pyspark_rmqs.runs.incarnation import UNMARKED
-from pyspark_rmqs.runs.incarnation import same as same_incarnation
+from pyspark_rmqs.runs.outputs import commit_index
+
+log = logging.getLogger(__name__)
 
 STAGING = "_rmqs_staging"
 COMMITS = "_rmqs_commits"
@@ -167,18 +169,34 @@ class FileCommits:
 
         Commits are recognised per partition range, not only per whole token: when a watermark is
         put back (`rmqs watermark set`, or another client), the next run's range overlaps what the
-        output holds, and only the rest is written (`spans_committed`).
+        output holds, and only the rest is written. Read through the folder's index
+        (`commit_index`): O(1) records whatever the history.
         """
-        folder = self.root / COMMITS
-        if not folder.is_dir():
-            return {}
-        records = []
-        for path in folder.glob("*.json"):
-            try:
-                records.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue
-        return spans_committed(records, token)
+        return commit_index.snapshot(self).spans_of(token.consumer, token.ranges, token.incarnations)
+
+    # The `commit_index.RecordFolder` of `_rmqs_commits/`.
+    def record_names(self) -> list[str]:
+        try:
+            names = os.listdir(self.root / COMMITS)
+        except OSError:
+            return []
+        return [n for n in names if n.endswith(".json") and not n.startswith("_")]
+
+    def read_record(self, name: str) -> dict[str, Any] | None:
+        return _json_or_none(self.root / COMMITS / name)
+
+    def read_index(self) -> dict[str, Any] | None:
+        return _json_or_none(self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX)
+
+    def write_index(self, body: bytes) -> None:
+        """Whole or not at all: a temporary file, flushed, renamed into place."""
+        path = self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(body)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
 
     def path_of(self, relative: str) -> str:
         """Where a file a record lists is (records hold paths relative to the output)."""
@@ -238,6 +256,7 @@ class FileCommits:
         os.replace(tmp, path)
         fsync_dir(path.parent)
         self._tidy(token)
+        _compact_quietly(self)
         return record
 
     def _tidy(self, token: RunToken) -> None:
@@ -259,30 +278,6 @@ def new_record(token: RunToken, files: list[str], rows: int | None, size: int | 
     return CommitRecord(
         info["token"], token.consumer, info["ranges"], files, rows, size, incarnations=info["incarnations"]
     )
-
-
-def spans_committed(
-    records: Iterable[Mapping[str, Any]], token: RunToken
-) -> dict[str, list[tuple[int, int]]]:
-    """Per stream, the merged `[start, end)` spans of `token`'s ranges that `records` (commit records
-    as JSON) of the same consumer on the same stream incarnation hold (`incarnation.same`: a record
-    written before its stream was marked counts as the same)."""
-    found: dict[str, list[tuple[int, int]]] = {}
-    for record in records:
-        if record.get("consumer") != token.consumer:
-            continue
-        incarnations = record.get("incarnations") or {}
-        for stream, (lo, hi) in token.ranges.items():
-            span = record.get("ranges", {}).get(stream)
-            if span is None:
-                continue
-            theirs, ours = incarnations.get(stream), token.incarnations.get(stream)
-            if not same_incarnation(int(theirs or UNMARKED), int(ours or UNMARKED)):
-                continue
-            a, b = max(lo, int(span[0])), min(hi, int(span[1]))
-            if a < b:
-                found.setdefault(stream, []).append((a, b))
-    return {s: _merged(spans) for s, spans in found.items()}
 
 
 class StoreCommits:
@@ -311,44 +306,13 @@ class StoreCommits:
             return None
         return CommitRecord(**json.loads(body))
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every commit record in the folder, as JSON (unreadable ones skipped).
-
-        One listing, then the records read 16 at a time: each is a round trip to the store, and a
-        folder an hourly pipeline writes holds thousands of them after a year.
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pyarrow import fs as pafs
-
-        fs = self.location.fs
-        selector = pafs.FileSelector(self.location.path(COMMITS), allow_not_found=True)
-        paths = [
-            i.path
-            for i in fs.get_file_info(selector)
-            if i.type == pafs.FileType.File and i.path.endswith(".json")
-        ]
-
-        def read(path: str) -> dict[str, Any] | None:
-            try:
-                with fs.open_input_stream(path) as f:
-                    found: dict[str, Any] = json.loads(f.read())
-                    return found
-            except (OSError, ValueError):
-                return None
-
-        if len(paths) <= 1:
-            found = [read(p) for p in paths]
-        else:
-            with ThreadPoolExecutor(
-                max_workers=min(16, len(paths)), thread_name_prefix="rmqs-commits"
-            ) as pool:
-                found = list(pool.map(read, paths))
-        return [r for r in found if r is not None]
-
     def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
-        """As `FileCommits.committed_spans`."""
-        return spans_committed(self.records(), token)
+        """As `FileCommits.committed_spans`: through the folder's index, O(1) records read."""
+        snap = commit_index.snapshot(self.folder())
+        return snap.spans_of(token.consumer, token.ranges, token.incarnations)
+
+    def folder(self) -> commit_index.ArrowFolder:
+        return commit_index.ArrowFolder(self.location.fs, self.location.path(COMMITS))
 
     def path_of(self, relative: str) -> str:
         return str(self.location.uri_of(relative))
@@ -358,7 +322,27 @@ class StoreCommits:
         record = new_record(token, files, rows, size)
         with self.location.fs.open_output_stream(self.record_path(token)) as f:
             f.write(json.dumps(asdict(record), indent=1).encode())
+        _compact_quietly(self.folder())
         return record
+
+
+def _compact_quietly(folder: commit_index.RecordFolder) -> None:
+    """After a commit: fold the records into the index when enough are outside it. The run is
+    committed already (its record is written); an index that could not be written is only slower."""
+    try:
+        commit_index.compact(folder)
+    except Exception:
+        log.warning(
+            "compacting the commit records' index failed (the records stay authoritative)", exc_info=True
+        )
+
+
+def _json_or_none(path: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -1,0 +1,124 @@
+"""A run's cost against its output's history: a watermark run after 1, 1,000 and 10,000 earlier runs.
+
+    .venv/bin/python -m bench.history [--histories 1,1000,10000] [--runs 3] [--targets local,s3]
+
+One stream; at each history size H the output folder holds what H earlier exactly-once runs of the
+consumer wrote (one Parquet file and one commit record each, made directly, as the runs name them:
+`consume.range_file_name`, `delivery.new_record`; through the index's compaction as the runs do),
+and the consumer's watermark sits at their end. Then `--runs` real watermark runs
+(`jobs.plan_read` + `consume.run_consume` into a `ParquetSink`, 10 new messages each) are timed,
+and `committed_files` on the output. Targets: a local folder, and an S3 bucket on moto's server
+(tests/support/s3.py, loopback). Prints, per target and size, the median run and reader time and
+their ratio to the first size: `local, 10,000 earlier runs: run 57 ms (1.04x), committed_files 21 ms`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import connection, fill, temp_stream
+from pyspark_rmqs import jobs
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.runs import consume
+from pyspark_rmqs.runs.outputs.committed import committed_files
+from pyspark_rmqs.runs.outputs.delivery import RunToken
+
+PER_RUN = 10  # messages each run reads
+
+
+def _history(sink: consume.ParquetSink, consumer: str, stream: str, have: int, want: int) -> None:
+    """Extend the output's history from `have` to `want` runs, as those runs would have written it."""
+    commits = sink.commits()
+    if sink.location.local:
+        sink.fs.create_dir(sink.base, recursive=True)
+    for i in range(have, want):
+        start, end = i * PER_RUN, (i + 1) * PER_RUN
+        token = RunToken(consumer, {stream: (start, end)})
+        name = consume.range_file_name(stream, start, end, token)
+        with sink.fs.open_output_stream(sink.location.path(name)) as f:
+            f.write(b"")  # the reader lists it; its content is not what is measured
+        commits.commit(token, [name], PER_RUN, 0)
+
+
+def _run(conn: Any, stream: str, consumer: str, output: str, options: dict[str, Any] | None) -> float:
+    t0 = time.perf_counter()
+    plan = jobs.plan_read(conn, stream=stream, consumer=consumer, max_messages=PER_RUN)
+    sink = consume.ParquetSink(output, storage_options=options)
+    summary = consume.run_consume(conn, plan, sink, metadata_fields="")
+    took = time.perf_counter() - t0
+    assert summary.rows == PER_RUN, summary.rows
+    return took
+
+
+def _target(kind: str, tmp: str, s3: Any) -> tuple[str, dict[str, Any] | None]:
+    if kind == "local":
+        return f"{tmp}/{uuid.uuid4().hex[:8]}", None
+    return f"s3://{s3.new_bucket('bench-history')}/out", s3.storage_options()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--histories", default="1,1000,10000")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--targets", default="local,s3")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.histories.split(",")]
+    targets = args.targets.split(",")
+    conn = connection()
+    s3 = None
+    if "s3" in targets:
+        from tests.support import s3 as ts3
+
+        s3 = ts3.start()
+    try:
+        with temp_stream(conn, "bench-history") as stream, tempfile.TemporaryDirectory() as tmp:
+            total = (max(sizes) + args.runs * len(sizes)) * PER_RUN + PER_RUN
+            fill(conn, stream, total)
+            for kind in targets:
+                _one_target(conn, stream, kind, tmp, s3, sizes, args.runs)
+    finally:
+        if s3 is not None and s3.process is not None:
+            ts3.stop(s3.process)
+
+
+def _one_target(conn: Any, stream: str, kind: str, tmp: str, s3: Any, sizes: list[int], runs: int) -> None:
+    output, options = _target(kind, tmp, s3)
+    consumer = f"bench-history-{uuid.uuid4().hex[:8]}"
+    sink = consume.ParquetSink(output, storage_options=options)
+    client = BrokerClient(conn)
+    have = 0
+    first: dict[str, float] = {}
+    for size in sizes:
+        _history(sink, consumer, stream, have, size)
+        have = size
+        client.store_offsets(consumer, {stream: have * PER_RUN - 1})
+        took = [_run(conn, stream, consumer, output, options) for _ in range(runs)]
+        have += runs  # the timed runs are history too; the next size continues after them
+        reader = _time(lambda: committed_files(output, storage_options=options), runs)
+        run_s, read_s = statistics.median(took), reader
+        first.setdefault("run", run_s)
+        first.setdefault("read", read_s)
+        print(
+            f"{kind}, {size:,} earlier runs: run {run_s * 1000:.0f} ms ({run_s / first['run']:.2f}x), "
+            f"committed_files {read_s * 1000:.0f} ms ({read_s / first['read']:.2f}x)",
+            flush=True,
+        )
+
+
+def _time(fn: Callable[[], Any], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    main()
