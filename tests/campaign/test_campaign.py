@@ -22,9 +22,9 @@ from tests.support.broker import BrokerSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 
-# Sized for ~70-90 s on the suite's machine (2 cores shared with the other xdist workers): 12
+# Sized for ~60 s on the suite's machine (2 cores shared with the other xdist workers): 9
 # sequences of 25 steps, on streams that start with messages (config.SUITE: initial_messages).
-EXAMPLES = 12
+EXAMPLES = 9
 STEPS = 25
 
 

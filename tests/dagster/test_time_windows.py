@@ -149,6 +149,76 @@ def minute_windows(first: datetime) -> TimeWindowPartitionsDefinition:
     )
 
 
+# The tests of this file run one after the other on one worker (the `clock` group), in this order,
+# which follows the second each needs to start at: the one above ends ~25 s into a minute, this one
+# starts at 31-38 s and ends 1 s into the next, where the one below starts (0-15 s): about 35 s less
+# waiting for the clock than the other way round.
+def test_a_dagster_clock_ahead_of_the_broker_puts_every_offset_in_exactly_one_window(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams: StreamFactory,
+    rabbitmq: RabbitMQStreamsResource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue "Time-window partitions" (b): the Dagster process's clock 30 s ahead of the broker's.
+
+    Minute M is read 31 s into it (the skewed clock says it ended), 20 more offsets land in M, then
+    15 in M+1. A window is materialized again when its last materialization said `window_open`.
+    The old code called M closed by its own clock and ended it at the tail: offsets 10-29 landed in
+    neither window (25 of 45 in the output).
+    """
+    import dagster_rmqs.factories as factories
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> "Ahead":  # type: ignore[override]
+            t = datetime.now(tz) + timedelta(seconds=30)
+            return cls.fromtimestamp(t.timestamp(), tz)
+
+    s = streams.stream()
+    wait_for_second(31, 38)
+    m = minute(datetime.now(UTC))
+    k1, k2 = m.strftime(FMT), (m + timedelta(minutes=1)).strftime(FMT)
+    asset = build_stream_asset(
+        "skewed",
+        stream=s,
+        consumer_name="dgw",
+        output_path=str(tmp_path / "out"),
+        partitions_def=minute_windows(m),
+        engine="arrow",
+    )
+    resources = {"rabbitmq": rabbitmq}
+    instance = DagsterInstance.ephemeral()
+
+    def run(key: str) -> dict[str, Any]:
+        (m_,) = meta(
+            materialize([asset], instance=instance, resources=resources, partition_key=key), "skewed"
+        )
+        return m_
+
+    monkeypatch.setattr(factories, "datetime", Ahead)
+    bodies = [f"a{i}".encode() for i in range(10)]
+    publish(broker, s, bodies)
+    first = run(k1)  # 31 s into M by the broker's clock, 1 s after M by the Dagster process's clock
+    more = [f"b{i}".encode() for i in range(20)]
+    publish(broker, s, more)  # still in M for the broker
+    assert datetime.now(UTC) < m + timedelta(minutes=1), "the test was too slow: M ended early"
+    sleep_until(m + timedelta(minutes=1, seconds=1))
+    late = [f"c{i}".encode() for i in range(15)]
+    publish(broker, s, late)  # in M+1
+    again = run(k1) if first["window_open"] else first  # materialized again now that it closed
+    second = run(k2)
+
+    # Offsets, not only counts: the clock probe's offset-tracking entry takes an offset too.
+    out = spark.read.parquet(str(tmp_path / "out")).select("offset", "value").collect()
+    values = sorted(bytes(r.value) for r in out)
+    assert values == sorted(bodies + more + late), f"{len(values)} rows for 45 published messages"
+    assert len({r.offset for r in out}) == len(out)
+    assert first["window_open"] is True  # by the broker's clock, whatever the Dagster clock said
+    assert again["window_open"] is False and again["end_offsets"] == second["start_offsets"]
+
+
 def test_an_open_window_materialized_again_after_it_closed_holds_every_offset_once(
     spark: SparkSession,
     broker: BrokerSettings,
@@ -218,72 +288,6 @@ def test_an_open_window_materialized_again_after_it_closed_holds_every_offset_on
         assert sorted(offsets) == list(range(50)), f"{e}: {len(offsets)} rows for 50 offsets"
         assert (opened[e]["window_open"], closed[e]["window_open"]) == (True, False), e
         assert (opened[e]["end_offsets"], closed[e]["end_offsets"]) == ({s: 30}, {s: 50}), e
-
-
-def test_a_dagster_clock_ahead_of_the_broker_puts_every_offset_in_exactly_one_window(
-    spark: SparkSession,
-    broker: BrokerSettings,
-    streams: StreamFactory,
-    rabbitmq: RabbitMQStreamsResource,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Issue "Time-window partitions" (b): the Dagster process's clock 30 s ahead of the broker's.
-
-    Minute M is read 31 s into it (the skewed clock says it ended), 20 more offsets land in M, then
-    15 in M+1. A window is materialized again when its last materialization said `window_open`.
-    The old code called M closed by its own clock and ended it at the tail: offsets 10-29 landed in
-    neither window (25 of 45 in the output).
-    """
-    import dagster_rmqs.factories as factories
-
-    class Ahead(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> "Ahead":  # type: ignore[override]
-            t = datetime.now(tz) + timedelta(seconds=30)
-            return cls.fromtimestamp(t.timestamp(), tz)
-
-    s = streams.stream()
-    wait_for_second(31, 38)
-    m = minute(datetime.now(UTC))
-    k1, k2 = m.strftime(FMT), (m + timedelta(minutes=1)).strftime(FMT)
-    asset = build_stream_asset(
-        "skewed",
-        stream=s,
-        consumer_name="dgw",
-        output_path=str(tmp_path / "out"),
-        partitions_def=minute_windows(m),
-        engine="arrow",
-    )
-    resources = {"rabbitmq": rabbitmq}
-    instance = DagsterInstance.ephemeral()
-
-    def run(key: str) -> dict[str, Any]:
-        (m_,) = meta(
-            materialize([asset], instance=instance, resources=resources, partition_key=key), "skewed"
-        )
-        return m_
-
-    monkeypatch.setattr(factories, "datetime", Ahead)
-    bodies = [f"a{i}".encode() for i in range(10)]
-    publish(broker, s, bodies)
-    first = run(k1)  # 31 s into M by the broker's clock, 1 s after M by the Dagster process's clock
-    more = [f"b{i}".encode() for i in range(20)]
-    publish(broker, s, more)  # still in M for the broker
-    assert datetime.now(UTC) < m + timedelta(minutes=1), "the test was too slow: M ended early"
-    sleep_until(m + timedelta(minutes=1, seconds=1))
-    late = [f"c{i}".encode() for i in range(15)]
-    publish(broker, s, late)  # in M+1
-    again = run(k1) if first["window_open"] else first  # materialized again now that it closed
-    second = run(k2)
-
-    # Offsets, not only counts: the clock probe's offset-tracking entry takes an offset too.
-    out = spark.read.parquet(str(tmp_path / "out")).select("offset", "value").collect()
-    values = sorted(bytes(r.value) for r in out)
-    assert values == sorted(bodies + more + late), f"{len(values)} rows for 45 published messages"
-    assert len({r.offset for r in out}) == len(out)
-    assert first["window_open"] is True  # by the broker's clock, whatever the Dagster clock said
-    assert again["window_open"] is False and again["end_offsets"] == second["start_offsets"]
 
 
 def test_an_open_window_is_refused_for_a_sink_function_unless_allowed(
