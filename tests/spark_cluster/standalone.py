@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.connect_server import SPARK_HOME, free_port
+from tests.support.connect_server import SPARK_HOME, free_port, stop_group
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 WORKERS = 2
@@ -78,38 +78,6 @@ class Daemon:
             except psutil.Error:
                 continue
         return found
-
-
-def stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """End the process group led by `proc` (started with `start_new_session`): SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            if proc.poll() is None:
-                try:
-                    proc.wait(0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                time.sleep(0.2)
-        if not _group_alive(proc.pid):
-            break
-    if proc.poll() is None:
-        proc.wait(5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

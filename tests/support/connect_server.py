@@ -59,25 +59,30 @@ class ConnectServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group (JVM and Python workers), SIGKILL what outlives it."""
-        pgid = self.proc.pid  # start_new_session: the group is the server's own
-        for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(pgid):
-                if self.proc.poll() is None:
-                    try:
-                        self.proc.wait(0.2)
-                    except subprocess.TimeoutExpired:
-                        pass
-                else:
-                    time.sleep(0.2)
-            if not _group_alive(pgid):
-                break
-        if self.proc.poll() is None:
-            self.proc.wait(5)
+        stop_group(self.proc, timeout)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """End the process group led by `proc` (started with `start_new_session`): SIGTERM, then SIGKILL
+    what outlives `timeout_s` (a Connect server, a standalone Spark master or worker)."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            if proc.poll() is None:
+                try:
+                    proc.wait(0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        if not _group_alive(proc.pid):
+            break
+    if proc.poll() is None:
+        proc.wait(5)
 
 
 def _group_alive(pgid: int) -> bool:
