@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.campaign.config import SLOW_OPERATIONS, CampaignConfig
+from tests.campaign.config import KNOWN_BUGS, SLOW_OPERATIONS, CampaignConfig
 from tests.campaign.invariants import Violation
 from tests.campaign.machine import STATS, CampaignMachine, machine_with
 from tests.support.broker import BrokerSettings
@@ -142,6 +142,7 @@ def test_a_watermark_the_broker_dropped_after_retention_fails_no_run(state: Camp
     state.teardown()
 
 
+@pytest.mark.xfail(raises=Violation, strict=True, reason=KNOWN_BUGS["evicted-watermark-silent"])
 def test_a_watermark_the_broker_dropped_after_retention_is_no_silent_loss(state: CampaignMachine) -> None:
     """Invariant (a), a silent loss found by `make campaign` (seed 3222448890, shrunk by hand): `rmqs
     watermark set --to half` positions c1 on `b` at 20 (c1 never ran there: no run record);
