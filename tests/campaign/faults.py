@@ -133,12 +133,26 @@ def crash_at(point: str | None) -> Iterator[None]:
         return
     if point not in CRASH_POINTS:
         raise ValueError(f"unknown crash point {point!r}")
+
+    def crash(why: str) -> None:
+        raise Crash(f"process killed {why}")
+
+    with stop_at(point, crash):
+        yield
+
+
+@contextlib.contextmanager
+def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
+    """`stop(why)` at the protocol step `point` names (a CRASH_POINTS name; others match nothing):
+    before the record says `delivered` or `stored`, before any watermark is stored, or after the
+    first partition's. A `stop` that returns lets the run go on (a paused process resumed);
+    `crash_at` raises, `kill_job` holds the process until it is killed."""
     real_advance, real_store = run_record.advance, steps.store_watermarks_checked
 
     def advance(conn: Any, record: Any, state: str, **kw: Any) -> Any:
         before = {"before_delivered": run_record.DELIVERED, "before_stored": run_record.STORED}
         if before.get(point) == state:
-            raise Crash(f"process killed before the record says {state}")
+            stop(f"before the record says {state}")
         return real_advance(conn, record, state, **kw)
 
     def store(
@@ -150,11 +164,11 @@ def crash_at(point: str | None) -> Iterator[None]:
         resumed: bool = False,
     ) -> dict[str, int]:
         if point == "before_store":
-            raise Crash("process killed before storing any watermark")
+            stop("before storing any watermark")
         if point == "after_first_store" and last_offsets:
             first = sorted(last_offsets)[0]
             store_watermarks(conn, consumer, {first: last_offsets[first]})
-            raise Crash(f"process killed after storing the watermark of {first}")
+            stop(f"after storing the watermark of {first}")
         return real_store(conn, consumer, last_offsets, seen, resumed=resumed)
 
     run_record.advance = advance

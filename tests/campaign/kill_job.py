@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +39,8 @@ def main(cfg: dict[str, Any]) -> None:
     quiet()
     from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
     from pyspark_rmqs.errors import classify
-    from pyspark_rmqs.runs import consume, steps
-    from pyspark_rmqs.runs import record as run_record
-    from pyspark_rmqs.runs.watermarks import store_watermarks
+    from pyspark_rmqs.runs import consume
+    from tests.campaign.faults import stop_at
     from tests.e2e.faults.holder_job import shorten_heartbeats
 
     shorten_heartbeats(int(cfg["heartbeat_s"]))
@@ -83,31 +81,6 @@ def main(cfg: dict[str, Any]) -> None:
             f.flush()
         counts["batches"] += 1
 
-    real_advance, real_store = run_record.advance, steps.store_watermarks_checked
-
-    def advance(conn: Any, record: Any, state: str, **kw: Any) -> Any:
-        if {"before_delivered": run_record.DELIVERED, "before_stored": run_record.STORED}.get(point) == state:
-            hold()
-        return real_advance(conn, record, state, **kw)
-
-    def store(
-        conn: Any,
-        consumer: str,
-        last_offsets: Mapping[str, int],
-        seen: Mapping[str, int | None],
-        *,
-        resumed: bool = False,
-    ) -> dict[str, int]:
-        if point == "before_store":
-            hold()
-        if point == "after_first_store" and last_offsets:
-            first = sorted(last_offsets)[0]
-            store_watermarks(conn, consumer, {first: last_offsets[first]})
-            hold()
-        return real_store(conn, consumer, last_offsets, seen, resumed=resumed)
-
-    run_record.advance = advance
-    steps.store_watermarks_checked = store
     where = {"superstream": cfg["target"]} if cfg["superstream"] else {"stream": cfg["target"]}
     out: dict[str, Any] = {"output_path": cfg["output"]} if cfg["output"] else {"apply_function": sink}
     try:
@@ -119,7 +92,8 @@ def main(cfg: dict[str, Any]) -> None:
             **where,
             **out,
         )
-        result: dict[str, Any] = {"summary": op.execute({})}
+        with stop_at(point, lambda _why: hold()):
+            result: dict[str, Any] = {"summary": op.execute({})}
     except Exception as e:
         c = classify(e)
         result = {"error": c.error or type(e).__name__, "message": c.message[:2000]}
