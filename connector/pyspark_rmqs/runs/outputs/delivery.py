@@ -190,13 +190,7 @@ class FileCommits:
 
     def write_index(self, body: bytes) -> None:
         """Whole or not at all: a temporary file, flushed, renamed into place."""
-        path = self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_bytes(body)
-        fsync_file(tmp)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX, body)
 
     def path_of(self, relative: str) -> str:
         """Where a file a record lists is (records hold paths relative to the output)."""
@@ -246,15 +240,9 @@ class FileCommits:
     def commit(self, token: RunToken, files: list[str], rows: int | None, size: int | None) -> CommitRecord:
         """Write the commit record (atomically: a temporary file renamed into place)."""
         record = new_record(token, files, rows, size)
-        path = self.record_path(token)
         for folder in {(self.root / f).parent for f in files}:  # the files' own renames first
             fsync_dir(folder)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".json.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(json.dumps(asdict(record), indent=1))
-        fsync_file(tmp)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(self.record_path(token), json.dumps(asdict(record), indent=1).encode())
         self._tidy(token)
         _compact_quietly(self)
         return record
@@ -362,6 +350,17 @@ def covers(spans: Mapping[str, list[tuple[int, int]]], ranges: Mapping[str, tupl
 
 def _hidden(rel: Path) -> bool:
     return any(part.startswith(("_", ".")) for part in rel.parts)
+
+
+def write_atomically(path: Path, body: bytes) -> None:
+    """`body` at `path` whole or not at all, on disk: a temporary file beside it (`<name>.<id>.tmp`,
+    which readers of `*.json` skip), flushed, renamed into place, the folder flushed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_bytes(body)
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def fsync_file(path: Path) -> None:
