@@ -330,7 +330,12 @@ class CampaignMachine(SparkRules):
             STATS[f"noop:watermark_set refused: {first[:60]}"] += 1
             return
         # What the move put behind the watermark was skipped on purpose; the baseline moves with it.
-        stored = self._stored(p)
+        # The model follows what the command says it stored (`new`), not the broker's stored offsets
+        # read back: a watermark set just below the first offset (an offset retention removed,
+        # clamped with a note) is forgotten by the broker at its next segment roll, and the run record
+        # the command wrote is what places the consumer then.
+        moved = json.loads(done.output)["partitions"]
+        stored: dict[str, int | None] = {m["stream"]: m["new"] for m in moved}
         counts = Counter(body for body, _, _ in self._rows(p))
         for stream, wm in stored.items():
             if wm is None or not self.model.partitions[stream].exists:

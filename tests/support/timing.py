@@ -55,6 +55,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         # When and where it ran, to lay the run out in time (which worker waited, and when).
         item.user_properties.append(("started", round(time.time() - (time.monotonic() - t0), 1)))
         item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+        item.user_properties.append(("pid", os.getpid()))  # to find a test's processes in `sa`/`dump-acct`
     yield
 
 

@@ -180,7 +180,9 @@ def store_watermarks_checked(
     since; reads them back after storing and fails the same way when a concurrent store
     overwrote this one. A stored offset that vanished while below the stream's first offset was
     dropped by the broker (it forgets tracking entries under the first offset when a segment
-    rolls), not moved by another run: it is stored over. Only a `resumed` run may find its own
+    rolls), not moved by another run: it is stored over; and a value this run stores below the first
+    offset (a resumed range retention overtook) may be gone as soon as it is stored: the run record
+    places the consumer then. Only a `resumed` run may find its own
     values already stored (an earlier try of the same run stored some partitions, then died).
     """
     kept = {s: v for s, o in last_offsets.items() if (v := seen.get(s)) is not None and o <= v}
@@ -202,6 +204,9 @@ def store_watermarks_checked(
         await client.store_offsets(consumer, wanted)
         after = await client.stored_offsets(consumer, streams)
         raced = {s: (wanted[s], after[s]) for s in streams if after[s] != wanted[s]}
+        for s, (mine, found) in list(raced.items()):
+            if found is None and mine < await client.first_offset(s):
+                del raced[s]  # below the first offset: the broker keeps no such entry (the record does)
         if raced:
             raise WatermarkConflictError(
                 _conflict(consumer, raced, "while this run stored (expected, found)")
