@@ -106,7 +106,7 @@ test-spark-cluster: prepare
 cluster-up cluster-down cluster-status: setup
 	$(CLUSTER_ENV) $(PY) -m tests.cluster.support $(@:cluster-%=%)
 
-# The soak for longer than `make test` runs it (40 s): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
+# The soak (tests/e2e/soak; not in `make test`, CI runs it after): RMQS_SOAK_SECONDS, RMQS_SOAK_RATE.
 SOAK_SECONDS ?= 600
 soak: prepare
 	RMQS_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -p no:cacheprovider --timeout $$(( $(SOAK_SECONDS) + 900 )) tests/e2e/soak $(PYTEST_ARGS)

@@ -9,7 +9,8 @@
 #    hands out the long tests first.
 # 2. The tests marked `serial` (they would stop, restart or pause the shared broker: none today),
 #    alone against it.
-# The container tier (tests/containers, marked `containers`) is not run here: `make test-containers`.
+# The container tier (tests/containers, marked `containers`) is not run here: `make test-containers`;
+# nor the soak (tests/e2e/soak, marked `soak`): `make soak`.
 # The cluster tier (tests/cluster, `make test-cluster`) and the standalone Spark tier
 # (tests/spark_cluster, `make test-spark-cluster`) are in neither phase.
 # Then the slowest 15 tests, time per tier and the idlest files (tests/support/timing.py), the
@@ -34,7 +35,7 @@ cpu0=$(busy)
 start=$SECONDS
 xdist=()
 if [[ $WORKERS -gt 1 ]]; then xdist=(-n "$WORKERS" --dist loadgroup); fi
-"$PY" -m pytest "${xdist[@]}" -m "not serial and not containers and not cluster and not spark_cluster" --junitxml "$out/parallel.xml" "$@"
+"$PY" -m pytest "${xdist[@]}" -m "not serial and not containers and not cluster and not spark_cluster and not soak" --junitxml "$out/parallel.xml" "$@"
 parallel=$?
 first=$((SECONDS - start))
 serial=5
