@@ -8,7 +8,9 @@ Hypothesis's example database is off: a batch is reproduced from its seed alone
 (`--seed <batch seed> --batches 1`), as far as the broker's timing allows.
 
 Known bugs still open are stepped around with `--avoid` / CAMPAIGN_AVOID (names in config.py),
-operations switched off with `--disable` / CAMPAIGN_DISABLE.
+operations switched off with `--disable` / CAMPAIGN_DISABLE; `--outputs` / CAMPAIGN_OUTPUTS puts the
+Airflow exactly-once consumers in moto's S3 (`s3`), in local folders (`local`) or, by default, one or the
+other by batch seed (`alternate`).
 """
 
 from __future__ import annotations
@@ -84,12 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     bugs = ", ".join(AVOIDABLE)
     parser.add_argument("--avoid", default="", help=f"known bugs to step around: {bugs}, all")
     parser.add_argument("--disable", default="", help=f"operations to switch off: {', '.join(OPERATIONS)}")
+    parser.add_argument(
+        "--outputs",
+        default=os.environ.get("CAMPAIGN_OUTPUTS", "alternate"),
+        help="where the Airflow exactly-once consumers write: local, s3 (moto), alternate (by batch seed)",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report the failing sequence unshrunk")
     parser.add_argument("--keep-going", action="store_true", help="go on with the next batch after a failure")
     args = parser.parse_args(argv)
     for var, value in (("CAMPAIGN_AVOID", args.avoid), ("CAMPAIGN_DISABLE", args.disable)):
         if value:
             os.environ[var] = ",".join(x for x in (os.environ.get(var, ""), value) if x)
+    os.environ["CAMPAIGN_OUTPUTS"] = args.outputs
     config = CampaignConfig.from_env()
     quiet()
     master = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -113,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     while time.monotonic() - started < args.seconds and (args.batches is None or len(batches) < args.batches):
         batch = master if args.seed is not None and not batches else rng.randrange(2**32)
         batches.append(batch)
-        machine = seed(batch)(campaign.machine_with(config))
-        print(f"campaign: batch {len(batches)} seed {batch}", flush=True)
+        batch_config = config.for_batch(batch)
+        machine = seed(batch)(campaign.machine_with(batch_config))
+        print(f"campaign: batch {len(batches)} seed {batch} (outputs: {batch_config.outputs})", flush=True)
         seen = len(harness.FAILURES)
         try:
             run_state_machine_as_test(

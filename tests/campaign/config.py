@@ -55,6 +55,8 @@ FIXED_BUGS: dict[str, str] = {
 }
 AVOIDABLE = (*KNOWN_BUGS, *FIXED_BUGS)
 
+OUTPUTS = ("local", "s3", "alternate")
+
 # Operations that can be switched off by name (the rule names of machine.py).
 OPERATIONS = (
     "publish",
@@ -103,6 +105,10 @@ class CampaignConfig:
     # streams in use keep the in-suite budget's time steady; re-created streams and bound
     # partitions still start empty.
     initial_messages: int = 0
+    # Where the Airflow consume operator's exactly-once consumers write: "local" folders, "s3" (moto's
+    # server: object_store.py), or "alternate" (the runner: s3 for odd batch seeds, so a batch replays
+    # with its own choice).
+    outputs: str = "local"
 
     def avoids(self, bug: str) -> bool:
         assert bug in AVOIDABLE, bug
@@ -117,7 +123,16 @@ class CampaignConfig:
         base = base or cls()
         avoid = _names("CAMPAIGN_AVOID", AVOIDABLE)
         disabled = _names("CAMPAIGN_DISABLE", OPERATIONS)
-        return replace(base, avoid=base.avoid | avoid, disabled=base.disabled | disabled)
+        outputs = os.environ.get("CAMPAIGN_OUTPUTS", base.outputs)
+        if outputs not in OUTPUTS:
+            raise ValueError(f"CAMPAIGN_OUTPUTS: {outputs!r}; known: {', '.join(OUTPUTS)}")
+        return replace(base, avoid=base.avoid | avoid, disabled=base.disabled | disabled, outputs=outputs)
+
+    def for_batch(self, batch: int) -> CampaignConfig:
+        """This configuration for the batch seeded `batch` ("alternate" outputs decided by the seed)."""
+        if self.outputs != "alternate":
+            return self
+        return replace(self, outputs="s3" if batch % 2 else "local")
 
 
 # The in-suite budget steps around every known bug still open (not the fixed ones), so `make test`

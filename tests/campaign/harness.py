@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
+from tests.campaign import object_store
 from tests.campaign.broker_ops import BrokerOps, partition_of
 from tests.campaign.config import CampaignConfig
 from tests.campaign.dagster_runs import DagsterRuns
@@ -100,6 +101,7 @@ class CampaignBase(RuleBasedStateMachine):
         self._steps = 0
         self.trail: list[str] = []  # the rules called, as hypothesis prints them (machine._traced)
         self.names: dict[str, str] = {}
+        self.bucket = object_store.server().new_bucket("camp") if self.config.outputs == "s3" else None
         for key in ("a", "b"):
             name = self.names[key] = f"camp-{self.uid}-{key}"
             self.ops.create_stream(name)
@@ -142,8 +144,15 @@ class CampaignBase(RuleBasedStateMachine):
     def _target(self, p: PipelineModel) -> TargetModel:
         return self.model.targets[p.target]
 
-    def _output(self, p: PipelineModel) -> Path | None:
-        return self.tmp / p.key.replace("@", "-at-") if p.exactly_once else None
+    def _output(self, p: PipelineModel) -> Path | str | None:
+        """Where `p`'s exactly-once output is (None: a function sink); `s3://` under
+        `outputs="s3"` for the Airflow consume operator's consumers (object_store.py)."""
+        if not p.exactly_once:
+            return None
+        name = p.key.replace("@", "-at-")
+        if self.bucket is not None and p.engine == "airflow":
+            return f"s3://{self.bucket}/{name}"
+        return self.tmp / name
 
     def _touch(self, target: str) -> None:
         self.dirty.update(p.key for p in self.model.pipelines_of(target))
@@ -214,7 +223,7 @@ class CampaignBase(RuleBasedStateMachine):
                 lenient = not kw.pop("fail_on_data_loss", True)
                 assert not kw, f"a Dagster asset runs from its watermark only: {kw}"
                 output = self._output(p)
-                assert output is not None
+                assert isinstance(output, Path), "the Dagster consumer writes a local folder"
                 return self.dagster.execute(
                     self._target(p), p, output=output, started_seq=self.model.seq, lenient=lenient
                 )

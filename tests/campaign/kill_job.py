@@ -41,6 +41,7 @@ def main(cfg: dict[str, Any]) -> None:
     from pyspark_rmqs.errors import classify
     from pyspark_rmqs.runs import consume
     from tests.campaign.faults import stop_at
+    from tests.campaign.object_store import sink_options
     from tests.e2e.faults.holder_job import shorten_heartbeats
 
     shorten_heartbeats(int(cfg["heartbeat_s"]))
@@ -82,7 +83,7 @@ def main(cfg: dict[str, Any]) -> None:
         counts["batches"] += 1
 
     where = {"superstream": cfg["target"]} if cfg["superstream"] else {"stream": cfg["target"]}
-    out: dict[str, Any] = {"output_path": cfg["output"]} if cfg["output"] else {"apply_function": sink}
+    out: dict[str, Any] = sink_options(cfg["output"]) if cfg["output"] else {"apply_function": sink}
     try:
         op = RabbitMQStreamConsumeOperator(
             task_id=f"campaign-killed-{cfg['consumer']}",

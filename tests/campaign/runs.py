@@ -25,6 +25,7 @@ from pyspark_rmqs.core.errors import ConsumerBusyError, DataLossError, LeaseLost
 from pyspark_rmqs.errors import classify
 from tests.campaign.faults import Hooks, function_sink
 from tests.campaign.model import PipelineModel, TargetModel
+from tests.campaign.object_store import sink_options, storage_options
 from tests.support.broker import BrokerSettings
 
 CONN_ID = "rmqs_campaign"
@@ -130,7 +131,7 @@ def execute(
     target: TargetModel,
     pipeline: PipelineModel,
     *,
-    output: Path | None,
+    output: Path | str | None,
     hooks: Hooks,
     rows: list[Row],
     started_seq: int,
@@ -144,7 +145,7 @@ def execute(
     """Run the consume operator once for `pipeline`; never raises what the run raised."""
     where: dict[str, Any] = {"superstream": target.name} if target.superstream else {"stream": target.name}
     sink: dict[str, Any] = (
-        {"output_path": str(output)} if output is not None else {"apply_function": function_sink(hooks, rows)}
+        sink_options(str(output)) if output is not None else {"apply_function": function_sink(hooks, rows)}
     )
     attempt = Attempt(kind, started_seq, rows=rows)
     if pipeline.engine == "spark":
@@ -172,11 +173,15 @@ def execute(
     return attempt
 
 
-def parquet_rows(path: Path) -> list[Row]:
-    """Every (body, stream, offset) in the committed files of an exactly-once folder, repeats kept."""
-    if not path.exists() or not committed_files(str(path)):
+def parquet_rows(path: Path | str) -> list[Row]:
+    """Every (body, stream, offset) in the committed files of an exactly-once folder (a local one,
+    or `s3://`), repeats kept."""
+    options = storage_options(str(path))
+    if isinstance(path, Path) and not path.exists():
         return []
-    t = committed_dataset(str(path)).to_table(columns=["value", "stream", "offset"])
+    if not committed_files(str(path), storage_options=options):
+        return []
+    t = committed_dataset(str(path), storage_options=options).to_table(columns=["value", "stream", "offset"])
     return [
         (bytes(v), s, int(o))
         for v, s, o in zip(
