@@ -56,6 +56,9 @@ FIXED_BUGS: dict[str, str] = {
 AVOIDABLE = (*KNOWN_BUGS, *FIXED_BUGS)
 
 OUTPUTS = ("local", "s3", "alternate")
+# Commit records outside an output's index before a run folds them in (`commit_index.COMPACT_EVERY`,
+# 16 by default: a sequence's output rarely gets there), in the machine's process and kill_job's.
+COMPACT_EVERY = 2
 
 # Operations that can be switched off by name (the rule names of machine.py).
 OPERATIONS = (

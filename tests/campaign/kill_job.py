@@ -40,8 +40,12 @@ def main(cfg: dict[str, Any]) -> None:
     from airflow_rmqs.operators import RabbitMQStreamConsumeOperator
     from pyspark_rmqs.errors import classify
     from pyspark_rmqs.runs import consume
+    from pyspark_rmqs.runs.outputs import commit_index
+    from tests.campaign.config import COMPACT_EVERY
     from tests.campaign.faults import stop_at
     from tests.campaign.object_store import sink_options
+
+    commit_index.COMPACT_EVERY = COMPACT_EVERY  # as the machine that started this process
     from tests.e2e.faults.holder_job import shorten_heartbeats
 
     shorten_heartbeats(int(cfg["heartbeat_s"]))

@@ -123,12 +123,13 @@ def _read_outside(folder: RecordFolder, snap: Snapshot, outside: list[str]) -> S
     return snap
 
 
-def compact(folder: RecordFolder, *, every: int = COMPACT_EVERY) -> bool:
-    """Fold the records outside the index into it once there are `every` of them; True when written.
+def compact(folder: RecordFolder, *, every: int | None = None) -> bool:
+    """Fold the records outside the index into it once there are `every` (`COMPACT_EVERY`, read at
+    the call: the campaign lowers it) of them; True when written.
 
     Below that, one listing and the index only (no record is read): the common case after a run."""
     snap, outside = _outside(folder)
-    if len(outside) < every:
+    if len(outside) < (COMPACT_EVERY if every is None else every):
         return False
     folder.write_index(_read_outside(folder, snap, outside).to_json())
     return True
