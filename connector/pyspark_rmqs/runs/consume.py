@@ -185,8 +185,16 @@ class ParquetSink:
         rel = self.location.relative(self._final)
         self.written.append(rel)
         self.outputs.append(self._final if self.location.local else self.location.uri_of(rel))
+        # The range is complete: nothing of it is this sink's to remove any more. On an object store
+        # its name is the final one, which another try of the same run (the same token: a run that
+        # took the lease over) may commit; an abort that removed the last closed name deleted that
+        # try's committed object (found by the campaign's S3 outputs).
+        self._tmp = self._final = ""
 
     def abort(self) -> None:
+        """Remove what the range being written left (nothing once its `close` completed)."""
+        if not self._tmp:
+            return
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -197,6 +205,7 @@ class ParquetSink:
             self.fs.delete_file(self._tmp)
         except Exception:
             log.debug("removing %s failed", self._tmp, exc_info=True)
+        self._tmp = self._final = ""
 
 
 def read_settings(

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from pyspark_rmqs import jobs
@@ -309,3 +310,26 @@ def test_a_watermark_put_back_by_another_client_writes_nothing_twice_into_s3(
     assert again.extra["already_committed"] == {parts[1]: [[100, end]]} and again.rows == 20
     got = committed_offsets(out, s3)
     assert len(got) == len(set(got)) == 620  # every message once: none of [100, end) twice
+
+
+def test_an_abort_after_a_completed_range_leaves_that_object_alone(
+    broker: BrokerSettings, streams: StreamFactory, s3: S3Server
+) -> None:
+    """Found by the campaign's S3 outputs (`make campaign`, seed 1223547691): a run whose lease was
+    taken over while it was in its sink failed at its next range and aborted the sink, which removed
+    the object of the range it had last *completed*. On an object store that is the range's final
+    name, and the run that took the lease over (the same token, so the same names) had committed
+    it: the committed manifest then named a missing object (`FileNotFoundError` for every reader).
+    An abort removes only the range still being written."""
+    out = f"s3://{s3.new_bucket()}/abort"
+    sink = consume.ParquetSink(out, storage_options=s3.storage_options())
+    schema = pa.schema([("value", pa.binary())])
+    sink.open("orders-0", 0, 2, schema)
+    sink.write(pa.record_batch([pa.array([b"a", b"b"])], schema=schema))
+    sink.close()
+    sink.abort()  # the run failed after the range: its object stays for whoever commits it
+    assert s3.keys(out.removeprefix("s3://").split("/")[0]) == [f"abort/{sink.written[0]}"]
+    sink.open("orders-1", 0, 1, schema)
+    sink.write(pa.record_batch([pa.array([b"c"])], schema=schema))
+    sink.abort()  # inside a range: what it left is removed
+    assert s3.keys(out.removeprefix("s3://").split("/")[0]) == [f"abort/{sink.written[0]}"]
