@@ -117,13 +117,14 @@ def range_file_name(stream: str, start: int, end: int, token: RunToken | None = 
 class ParquetSink:
     """One Parquet file per partition stream and range under `output_path` (a directory or URI).
 
-    On a local file system each file is written as `.<name>.<uuid>.tmp` and renamed when its range
-    is complete. On an object store (`s3://...`, through pyarrow or fsspec: `objectstore.py`) each
-    object is uploaded straight under its final name, which it takes only when the upload completes;
-    a range that fails is deleted. Either way a retry of the range overwrites the same name, and the
-    run's commit record (`delivery.FileCommits` / `delivery.StoreCommits`, written by `run_consume`
-    after every range) is the manifest readers trust (`committed.py`). `outputs` lists the files
-    written (paths, or URIs on an object store).
+    Each file is written as `.<name>.<uuid>.tmp` (this try's own name) and moved to its final name
+    when its range is complete: a rename on a local file system, a server-side copy on an object
+    store (`s3://...`, through pyarrow or fsspec: `objectstore.py`), where an aborted writer's
+    upload completes on close and must not land on a name another try of the run committed; a
+    range that fails is deleted under its own name. Either way a retry of the range overwrites the
+    same final name, and the run's commit record (`delivery.FileCommits` / `delivery.StoreCommits`,
+    written by `run_consume` after every range) is the manifest readers trust (`committed.py`).
+    `outputs` lists the files written (paths, or URIs on an object store).
 
     :param filesystem: a `pyarrow.fs.FileSystem` or an fsspec file system to write with.
     :param storage_options: instead, fsspec options for the URI's scheme (credentials, `endpoint_url`).
@@ -168,9 +169,12 @@ class ParquetSink:
         self._final = self.location.path(name)
         if self.location.local:
             self.fs.create_dir(self.base, recursive=True)
-            self._tmp = self.location.path(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-        else:  # an upload is invisible until it completes: no temporary name, no copy
-            self._tmp = self._final
+        # This try's own name until the range is complete, on an object store too: another try of
+        # the same run (the same token, so the same final name) may have committed the final name,
+        # and closing an aborted writer completes its upload (pyarrow cannot abandon one), which
+        # would replace that committed object with a partial one. The move is a server-side copy
+        # there; a dot name is skipped by folder scans (pyarrow, Spark, DuckDB globs).
+        self._tmp = self.location.path(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
         self._writer = pq.ParquetWriter(self._tmp, schema, filesystem=self.fs, compression=self.compression)
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -179,9 +183,9 @@ class ParquetSink:
     def close(self) -> None:
         self._writer.close()
         self._writer = None
-        if self._tmp != self._final:
+        if self.location.local:
             fsync_file(Path(self._tmp))  # on disk before the commit record names it
-            self.fs.move(self._tmp, self._final)
+        self.fs.move(self._tmp, self._final)
         rel = self.location.relative(self._final)
         self.written.append(rel)
         self.outputs.append(self._final if self.location.local else self.location.uri_of(rel))
@@ -201,7 +205,7 @@ class ParquetSink:
             except Exception:
                 log.debug("closing the aborted Parquet writer failed", exc_info=True)
             self._writer = None
-        try:  # on an object store closing completed the upload of a partial file: remove it
+        try:  # closing completed the partial file under this try's own name: remove it
             self.fs.delete_file(self._tmp)
         except Exception:
             log.debug("removing %s failed", self._tmp, exc_info=True)

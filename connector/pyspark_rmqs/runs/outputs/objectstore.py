@@ -6,9 +6,11 @@ folder gets both from a rename. An object store (S3 and anything speaking its AP
 but every object appears whole when its upload completes (a single PUT, or a multipart upload's
 completion): an object written straight to its final, range-keyed name is either there complete or
 not there, and a process killed mid-upload leaves nothing a reader can list. So on an object store
-a run writes its objects under their final names, then its commit record (one object: the
-manifest of the run's objects), and readers that must never see an uncommitted run read through
-the manifests (`committed.py`).
+a run uploads each object under a name of its own try (`.<name>.<uuid>.tmp`), copies it server-side
+to its final name when complete (an aborted writer's upload still completes on close, and must
+not land on a final name another try of the run committed), then writes its commit record (one
+object: the manifest of the run's objects); readers that must never see an uncommitted run read
+through the manifests (`committed.py`).
 
 The file system comes from, in this order: an explicit `filesystem` (a `pyarrow.fs.FileSystem`
 or an fsspec file system, e.g. `s3fs.S3FileSystem`), `storage_options` (fsspec options for the
