@@ -333,3 +333,28 @@ def test_an_abort_after_a_completed_range_leaves_that_object_alone(
     sink.write(pa.record_batch([pa.array([b"c"])], schema=schema))
     sink.abort()  # inside a range: what it left is removed
     assert s3.keys(out.removeprefix("s3://").split("/")[0]) == [f"abort/{sink.written[0]}"]
+
+
+def test_an_abort_inside_a_range_leaves_the_final_name_another_try_committed(s3: S3Server) -> None:
+    """The other half of the campaign's finding (seed 1223547691): the run whose lease was taken
+    over was *inside* a range when it failed. Its final name had been written and committed by the
+    run that took over (the same token). Closing the aborted writer completed its upload (pyarrow
+    cannot abandon one), replacing that object with a partial one, and the abort then deleted it.
+    Now each try writes under its own name until the range is complete: the committed object is
+    left whole."""
+    bucket = s3.new_bucket()
+    out = f"s3://{bucket}/inside"
+    schema = pa.schema([("value", pa.binary())])
+    winner = consume.ParquetSink(out, storage_options=s3.storage_options())
+    winner.open("orders-0", 0, 3, schema)
+    winner.write(pa.record_batch([pa.array([b"a", b"b", b"c"])], schema=schema))
+    winner.close()
+    zombie = consume.ParquetSink(out, storage_options=s3.storage_options())  # the same range, token None
+    zombie.open("orders-0", 0, 3, schema)
+    zombie.write(pa.record_batch([pa.array([b"a"])], schema=schema))
+    zombie.abort()  # its lease is gone: it fails inside the range
+    assert s3.keys(bucket) == [f"inside/{winner.written[0]}"]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(f"{bucket}/inside/{winner.written[0]}", filesystem=s3.pyarrow_fs())
+    assert table.column("value").to_pylist() == [b"a", b"b", b"c"]
