@@ -44,10 +44,9 @@ def main(cfg: dict[str, Any]) -> None:
     from tests.campaign.config import COMPACT_EVERY
     from tests.campaign.faults import stop_at
     from tests.campaign.object_store import sink_options
-
-    commit_index.COMPACT_EVERY = COMPACT_EVERY  # as the machine that started this process
     from tests.e2e.faults.holder_job import shorten_heartbeats
 
+    commit_index.COMPACT_EVERY = COMPACT_EVERY  # as the machine that started this process
     shorten_heartbeats(int(cfg["heartbeat_s"]))
     ready, go = Path(cfg["ready"]), Path(cfg["go"])
     point: str = cfg["point"]

@@ -189,10 +189,9 @@ class ParquetSink:
         rel = self.location.relative(self._final)
         self.written.append(rel)
         self.outputs.append(self._final if self.location.local else self.location.uri_of(rel))
-        # The range is complete: nothing of it is this sink's to remove any more. On an object store
-        # its name is the final one, which another try of the same run (the same token: a run that
-        # took the lease over) may commit; an abort that removed the last closed name deleted that
-        # try's committed object (found by the campaign's S3 outputs).
+        # The range is complete: nothing of it is this sink's to remove any more (an abort after it
+        # once removed the last closed name, which on an object store was a final name another try
+        # of the run had committed).
         self._tmp = self._final = ""
 
     def abort(self) -> None:

@@ -195,18 +195,16 @@ def store_watermarks_checked(
             return
         now = await client.stored_offsets(consumer, streams)
         own = (lambda s: wanted[s]) if resumed else (lambda s: seen.get(s))
-        moved = {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), own(s))}
-        for s, (was, found) in list(moved.items()):
-            if found is None and was is not None and was < await client.first_offset(s):
-                del moved[s]  # dropped by the broker under its first offset, not moved by a run
+        moved = await _not_dropped(
+            client, {s: (seen.get(s), now[s]) for s in streams if now[s] not in (seen.get(s), own(s))}
+        )
         if moved:
             raise WatermarkConflictError(_conflict(consumer, moved, "since this run planned"))
         await client.store_offsets(consumer, wanted)
         after = await client.stored_offsets(consumer, streams)
-        raced = {s: (wanted[s], after[s]) for s in streams if after[s] != wanted[s]}
-        for s, (mine, found) in list(raced.items()):
-            if found is None and mine < await client.first_offset(s):
-                del raced[s]  # below the first offset: the broker keeps no such entry (the record does)
+        raced = await _not_dropped(
+            client, {s: (wanted[s], after[s]) for s in streams if after[s] != wanted[s]}
+        )
         if raced:
             raise WatermarkConflictError(
                 _conflict(consumer, raced, "while this run stored (expected, found)")
@@ -214,6 +212,20 @@ def store_watermarks_checked(
 
     run_sync(check_and_store(), WATERMARKS_TIMEOUT_S, "store watermarks")
     return kept
+
+
+async def _not_dropped(
+    client: AsyncBrokerClient, changes: Mapping[str, tuple[int | None, int | None]]
+) -> dict[str, tuple[int | None, int | None]]:
+    """`changes` (`{stream: (expected, found)}`) without those the broker made: an expected value
+    below the stream's first offset found gone. The broker keeps no tracking entry under the first
+    offset (it drops them when a segment rolls), so it is neither another run's move nor a race;
+    the run record places the consumer then."""
+    out = dict(changes)
+    for s, (expected, found) in changes.items():
+        if found is None and expected is not None and expected < await client.first_offset(s):
+            del out[s]
+    return out
 
 
 def _conflict(consumer: str, moved: Mapping[str, tuple[int | None, int | None]], when: str) -> str:
