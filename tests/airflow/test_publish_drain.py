@@ -54,3 +54,44 @@ def test_publish_then_drain(spark: Any, broker: BrokerSettings, streams, tmp_pat
 
     publish(broker, parts[1], [b"late"] * 3)  # the next drain picks up only what is new
     assert drain.execute({})["rows"] == 3
+
+
+def test_a_drain_on_a_new_checkpoint_into_a_folder_another_one_wrote_is_refused_and_loses_nothing(
+    spark: Any, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A drain whose checkpoint was lost (or replaced) writing into the folder the old checkpoint
+    wrote: Spark's file sink would skip the new query's first batches as already in its log while
+    the consumer's watermark moved past them (before the fix: 50 of 50 new messages in no file, the
+    watermark at the tail, lag 0, no error). It is refused before reading, naming both options; the
+    old checkpoint then drains every offset once."""
+    from airflow.exceptions import AirflowFailException
+
+    from pyspark_rmqs.committed import committed_dataset
+    from pyspark_rmqs.watermarks import watermarks
+    from tests.support.data import conn_of
+
+    s = streams.stream("nc")
+    publish(broker, s, [f"a{i}".encode() for i in range(100)])
+    out = str(tmp_path / "out")
+
+    def drain(checkpoint: str) -> RabbitMQStreamDrainOperator:
+        return RabbitMQStreamDrainOperator(
+            task_id="drain", stream=s, consumer_name="nc", checkpoint_location=checkpoint, output_path=out
+        )
+
+    assert drain(str(tmp_path / "cp1")).execute({})["rows"] == 100
+    publish(broker, s, [f"b{i}".encode() for i in range(50)])
+    with pytest.raises(AirflowFailException, match="checkpoint_location") as refused:
+        drain(str(tmp_path / "cp2")).execute({})
+    assert "output_path" in str(refused.value) and "Nothing was read" in str(refused.value)
+    assert watermarks(conn_of(broker), "nc", stream=s).partitions[0].stored == 99, (
+        "the refused drain moved it"
+    )
+
+    assert drain(str(tmp_path / "cp1")).execute({})["rows"] == 50
+    got = committed_dataset(out).to_table(columns=["value", "offset"])
+    bodies = [bytes(v) for v in got.column("value").to_pylist()]
+    assert sorted(bodies) == sorted(
+        [f"a{i}".encode() for i in range(100)] + [f"b{i}".encode() for i in range(50)]
+    )
+    assert len(set(got.column("offset").to_pylist())) == 150, "every offset once"

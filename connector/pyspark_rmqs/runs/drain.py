@@ -22,6 +22,7 @@ from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
+from pyspark_rmqs.runs.outputs.file_sink_log import check_sink_log_is_this_querys
 from pyspark_rmqs.runs.spark_io import ExecutorReadMetrics
 from pyspark_rmqs.runs.summary import RunSummary
 from pyspark_rmqs.runs.summary import ms_since as _ms_since
@@ -118,6 +119,7 @@ def _drain(
             **dict(source_options or {}),
         }
     )
+    check_sink_log_is_this_querys(checkpoint, output_path)
     before = watermarks(conn, consumer, **target.kw())
     # The query's thread inherits this thread's local properties when it starts: its tasks report.
     with ExecutorReadMetrics(spark) as metrics:

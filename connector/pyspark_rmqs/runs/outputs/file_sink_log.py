@@ -14,12 +14,16 @@ remote file system would need its own client, so rows stay unknown there). No py
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.runs.outputs.delivery import local_path
+from pyspark_rmqs.runs.outputs.objectstore import locate
 
+log = logging.getLogger(__name__)
 LOG_DIR = "_spark_metadata"
 
 
@@ -90,3 +94,54 @@ def written(output_path: str, first_batch: int, last_batch: int, fmt: str) -> Wr
         if all(p is not None for p in paths):
             rows = sum(pq.read_metadata(str(p)).num_rows for p in paths if p is not None)
     return Written(len(files), sum(files.values()), rows)
+
+
+def check_sink_log_is_this_querys(checkpoint: str, output_path: str) -> None:
+    """Refuse a drain whose output folder holds the file sink log of a query this checkpoint is not.
+
+    Spark's file sink skips a micro-batch whose id its log (`<output>/_spark_metadata`) already holds:
+    that is how a batch replayed after a crash commits once. A query on a new (or deleted and
+    re-created) checkpoint numbers its batches from 0 again, so into a folder another checkpoint
+    wrote, its first batches are "already committed": read, not written, and the source stores
+    their offsets all the same. The consumer's watermark moves past messages that are in no file,
+    with lag 0 and no error (found by counting: 50 of 50 new messages dropped). A checkpoint that
+    wrote the log has planned every batch in it (the offsets log is written before a batch runs),
+    so a log ahead of the checkpoint's offsets log belongs to another query: refused here, before
+    anything is read, naming both options.
+
+    Listed with pyarrow (Spark's own file index hides `_spark_metadata`), so where rmqs cannot
+    open a folder (a scheme pyarrow does not know, such as `s3a://` or `dbfs:`, or no credentials
+    here) the check is skipped with a warning rather than failing a drain Spark could run.
+    """
+    try:
+        logged = _batch_ids(f"{output_path.rstrip('/')}/{LOG_DIR}")
+        planned = _batch_ids(f"{checkpoint.rstrip('/')}/offsets") if logged else []
+    except (ConfigurationError, OSError) as e:
+        log.warning(
+            "could not list the drain's output or checkpoint to check that the output's file sink log "
+            "is this checkpoint's (%s); a new checkpoint into a folder another one wrote loses its "
+            "first batches",
+            type(e).__name__,
+        )
+        return
+    if not logged or max(planned, default=-1) >= max(logged):
+        return
+    raise ConfigurationError(
+        f"output_path '{output_path}' holds the file sink log of another streaming query (batches up to "
+        f"{max(logged)}), and checkpoint_location '{checkpoint}' has "
+        + (f"planned only up to batch {max(planned)}" if planned else "never run")
+        + ": Spark would skip this drain's first batches as already committed, and their messages would "
+        "be in no file while the watermark moved past them. Nothing was read. Give the checkpoint that "
+        "wrote this folder, or a new output_path for the new checkpoint"
+    )
+
+
+def _batch_ids(folder: str) -> list[int]:
+    """The micro-batch ids the files of a streaming log folder name (`7`, `9.compact`); [] when the
+    folder does not exist."""
+    from pyarrow import fs as pafs
+
+    where = locate(folder)
+    found = where.fs.get_file_info(pafs.FileSelector(where.base, allow_not_found=True))
+    names = (info.base_name.split(".", 1)[0] for info in found if info.type == pafs.FileType.File)
+    return [int(n) for n in names if n.isdigit()]
