@@ -18,10 +18,10 @@ unexport PYTHONDONTWRITEBYTECODE
 setup: java $(STAMP)
 
 # Reinstall only when the dependency declarations change: seconds when nothing changed.
-$(STAMP): pyproject.toml requirements/constraints.txt
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/overrides.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/uv --version 2>/dev/null | grep -q "$(UV_VERSION)" || $(PY) -m pip install -q "uv==$(UV_VERSION)"
-	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements/constraints.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
+	$(VENV)/bin/uv pip install --python $(PY) -q -c requirements/constraints.txt --override requirements/overrides.txt -e '.[airflow,dagster,spark,connect,openlineage,iceberg,s3,testing,dev]'
 	@# Spark's Python processes import this venv's compiled pyspark, not pyspark.zip's sources (tests/support/pyspark_zip.py).
 	@$(PY) -m tests.support.pyspark_zip >/dev/null
 	@touch $@
@@ -168,9 +168,10 @@ dist: setup
 
 # Re-resolve the locked versions after changing dependencies in pyproject.toml. The dagster-ui
 # extra (dagster-webserver) is not locked: its gql pin conflicts with dagster-dg-cli's (dev).
+# requirements/overrides.txt drops what must never be installed (it says why), in the lock and in setup.
 lock:
 	$(VENV)/bin/uv pip compile pyproject.toml --extra airflow --extra dagster --extra spark --extra connect --extra openlineage --extra iceberg --extra pkcs12 --extra s3 --extra testing --extra dev \
-		--python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
+		--override requirements/overrides.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -172,6 +173,25 @@ class ConnectionFlags:
             )
         with redacted_errors(self.secrets()):
             return parse_connection_options(self.options())
+
+
+def flags_from_env(environ: Mapping[str, str] | None = None) -> ConnectionFlags:
+    """The connection the `RMQS_*` variables give (the flags' own variables, nothing on argv).
+
+    For programs that are not `rmqs` commands but take the broker the same way: the spark-submit
+    application `pyspark_rmqs/submit.py`, whose arguments any process list shows.
+    """
+    import typing
+
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for name, (annotation, default) in CONNECTION_FLAGS.items():
+        (option,) = [m for m in typing.get_args(annotation)[1:] if hasattr(m, "envvar")]
+        raw = env.get(str(option.envvar))
+        if raw is None or raw == "":
+            continue
+        found[name] = raw.strip().lower() in ("1", "true", "yes", "on") if isinstance(default, bool) else raw
+    return ConnectionFlags(**found)
 
 
 def fail(message: object, secrets: list[str] | None = None, code: int = EXIT_ERROR) -> NoReturn:
