@@ -95,3 +95,45 @@ def test_a_drain_on_a_new_checkpoint_into_a_folder_another_one_wrote_is_refused_
         [f"a{i}".encode() for i in range(100)] + [f"b{i}".encode() for i in range(50)]
     )
     assert len(set(got.column("offset").to_pylist())) == 150, "every offset once"
+
+
+def test_a_drain_of_a_stream_deleted_and_created_again_is_refused_and_a_new_checkpoint_reads_it_whole(
+    spark: Any, broker: BrokerSettings, streams, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A stream the drain's checkpoint read, deleted and created again, then filled past the old
+    stream's end: the checkpoint's offsets are the old stream's, so the drain read only what came
+    after the old end (before the fix: 100 drained, the stream re-created, 30 then 600 published,
+    530 delivered, the watermark at the tail, lag 0, no error). Refused before reading, naming the
+    stream and the options; a new checkpoint and output then read the new stream whole."""
+    from airflow.exceptions import AirflowFailException
+
+    from pyspark_rmqs.committed import committed_dataset
+    from tests.support import broker as tb
+
+    s = streams.stream("rc")
+
+    def drain(name: str) -> RabbitMQStreamDrainOperator:
+        return RabbitMQStreamDrainOperator(
+            task_id="drain",
+            stream=s,
+            consumer_name="rc",
+            checkpoint_location=str(tmp_path / f"cp-{name}"),
+            output_path=str(tmp_path / f"out-{name}"),
+        )
+
+    publish(broker, s, [f"a{i}".encode() for i in range(100)])
+    assert drain("old").execute({})["rows"] == 100
+    tb.run(tb.delete_stream(broker, s))
+    tb.run(tb.create_stream(broker, s))
+    new = [f"n{i}".encode() for i in range(130)]
+    publish(broker, s, new[:30])
+    with pytest.raises(AirflowFailException, match="deleted and created again") as refused:
+        drain("old").execute({})
+    assert "checkpoint_location" in str(refused.value) and repr(s) in str(refused.value)
+    publish(broker, s, new[30:])  # past the old stream's end: offsets alone would not tell
+    with pytest.raises(AirflowFailException, match="deleted and created again"):
+        drain("old").execute({})
+
+    assert drain("new").execute({})["rows"] == 130
+    got = committed_dataset(str(tmp_path / "out-new")).to_table(columns=["value"]).column("value")
+    assert sorted(bytes(v) for v in got.to_pylist()) == sorted(new), "every new message once"

@@ -60,6 +60,31 @@ def test_restart_from_checkpoint_reads_everything_exactly_once(
     assert output(spark, tmp_path / "out") == [(s, i, allv[i]) for i in range(500)]
 
 
+@pytest.mark.parametrize("fail", [True, False], ids=["failOnDataLoss", "lenient"])
+def test_a_stream_created_again_below_the_checkpoints_offset_is_data_loss_not_silence(
+    spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path, fail: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """A stream deleted and created again, shorter than the checkpoint's offset: the query used to
+    read nothing and wait for the new stream to pass the old end (its first messages in no output,
+    no error). Now data loss: the query fails naming it, or (failOnDataLoss=false) reads the new
+    stream from its first offset."""
+    from tests.support import broker as tb
+
+    s = streams.stream()
+    publish(broker, s, [f"a{i}".encode() for i in range(100)])
+    drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s)
+    tb.run(tb.delete_stream(broker, s))
+    tb.run(tb.create_stream(broker, s))
+    new = [f"n{i}".encode() for i in range(30)]
+    publish(broker, s, new)
+    if fail:
+        with pytest.raises((AssertionError, StreamingQueryException), match="deleted and created again"):
+            drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s)
+        return
+    drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s, failOnDataLoss="false")
+    assert [v for _, _, v in output(spark, tmp_path / "out") if v.startswith(b"n")] == new
+
+
 def test_available_now_stops_at_the_snapshot_while_producers_publish(
     spark: SparkSession,
     broker: BrokerSettings,

@@ -150,7 +150,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return {s: min(t, self._snapshot[s]) for s, t in tails.items() if s in self._snapshot}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        start = self._without_lost_partitions(self._with_new_partitions(start))
+        start = self._recreated_from_first(self._without_lost_partitions(self._with_new_partitions(start)))
         targets = self._targets()
         starts = {s: start[s] for s in targets if s in start}
         ends = {s: max(starts[s], targets[s]) for s in starts}
@@ -200,13 +200,36 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             )
         return {s: v for s, v in start.items() if s in firsts}
 
+    def _recreated_from_first(self, start: dict[str, int]) -> dict[str, int]:
+        """A stream whose tail is below the checkpoint's offset was deleted and created again (a
+        stream's tail never goes back): data loss (fail, or read the new stream from its first offset).
+
+        Without this, the query waited for the new stream to pass the old one's end and then read
+        only what came after it: its first messages in no output, no error. A new stream that grew
+        past the old end before the next batch is not seen here; rmqs's drains keep the streams'
+        identity beside the checkpoint for that (`runs.checkpoint_streams`).
+        """
+        firsts, tails = self.meta.refresh()
+        out = dict(start)
+        for s, v in start.items():
+            if s in tails and v > tails[s]:
+                report_data_loss(
+                    self.opts.fail_on_data_loss,
+                    f"partition stream '{s}' of '{self.opts.name}' ends at offset {tails[s]}, below the "
+                    f"checkpoint's {v}: it was deleted and created again since the checkpoint read it, and "
+                    "the new stream's messages below that offset would be skipped",
+                )
+                out[s] = firsts.get(s, 0)
+        return out
+
     def reportLatestOffset(self) -> dict[str, int] | None:
         _, tails = self.meta.refresh()
         return dict(tails)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         firsts, _ = self.meta.refresh()
-        starts = {s: v for s, v in start.items() if s in end}
+        # A start past its end: the stream was re-created (reported by latestOffset); from its first.
+        starts = {s: (v if v <= end[s] else firsts.get(s, 0)) for s, v in start.items() if s in end}
         for s in end:
             starts.setdefault(s, firsts.get(s, 0))
         starts = self._clamp({s: v for s, v in starts.items() if s in firsts or v >= end[s]}, firsts)
