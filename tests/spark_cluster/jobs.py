@@ -3,10 +3,12 @@
     python -m tests.spark_cluster.jobs <job> CONFIG_JSON
 
 Jobs: `airflow-read` (RabbitMQStreamReadOperator), `airflow-drain` (RabbitMQStreamDrainOperator),
-`dagster` (a `build_stream_asset(engine="spark")` materialized with
-`SparkSessionResource(master=...)`), `time-read` (the best of a few batch reads of a super stream,
-on any master: the tier compares the cluster with `local[2]`), `spec-write` (a batch or streaming
-write with `spark.speculation=true`, one slow partition). Each prints `RESULT {json}` last.
+`airflow-dag` (an example DAG of dags/ under `dag.test()`), `dagster` (a
+`build_stream_asset(engine="spark")` materialized with `SparkSessionResource(master=...)`),
+`dagster-pipes` (the Pipes example running spark-submit), `time-read` (the best of a few batch
+reads of a super stream, on any master: the tier compares the cluster with `local[2]`),
+`spec-write` (a batch or streaming write with `spark.speculation=true`, one slow partition). Each
+prints `RESULT {json}` last.
 
 In a process of its own because a driver with a `spark://` master cannot share its process with
 another session (a SparkContext per JVM), and because that is how Airflow and Dagster run them: the
@@ -68,6 +70,37 @@ def airflow_drain(cfg: dict[str, Any]) -> dict[str, Any]:
     return dict(op.execute({"ti": SimpleNamespace(dag_id="cluster", task_id="drain", try_number=1)}))
 
 
+def airflow_dag(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`dag.test()` of the example DAG `cfg["dag"]` (dags/), read from the bundle folder the
+    environment names (AIRFLOW__CORE__DAGS_FOLDER): the run's state, each task's, the XCom of
+    `cfg["xcom"]`, and the rendered `env_vars` of `cfg["rendered"]` (what the UI would show)."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from airflow.utils import db
+
+    db.initdb()
+    path = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{cfg['dag']}.py"
+    spec = importlib.util.spec_from_file_location(cfg["dag"], path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag_run = module.dag.test()
+    tis = {ti.task_id: ti for ti in dag_run.get_task_instances()}
+    result: dict[str, Any] = {
+        "state": str(dag_run.state),
+        "states": {k: str(ti.state) for k, ti in tis.items()},
+        "xcom": tis[cfg["xcom"]].xcom_pull(task_ids=cfg["xcom"]),
+    }
+    if cfg.get("rendered"):
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields
+
+        fields = RenderedTaskInstanceFields.get_templated_fields(tis[cfg["rendered"]]) or {}
+        result["rendered_env"] = fields.get("env_vars")
+    return result
+
+
 def dagster(cfg: dict[str, Any]) -> dict[str, Any]:
     from dagster import materialize
 
@@ -83,6 +116,26 @@ def dagster(cfg: dict[str, Any]) -> dict[str, Any]:
     result = materialize([asset], resources=resources)
     (m,) = result.asset_materializations_for_node("events")
     return {k: v.value for k, v in m.metadata.items() if isinstance(v.value, int | float | str | bool)}
+
+
+def dagster_pipes(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The Pipes example (dagster_rmqs/examples/pipes_spark_submit.py, configured by the RMQS_DEMO_*
+    environment) materialized: spark-submit runs the job, which reports through `dagster_pipes`.
+    Returns the materialization's metadata (JSON values as they are)."""
+    from dagster import materialize
+
+    from dagster_rmqs.examples import pipes_spark_submit as example
+
+    result = materialize(
+        [example.orders_on_the_cluster],
+        resources={"pipes_subprocess_client": example.PipesSubprocessClient()},
+        raise_on_error=False,
+    )
+    if not result.success:
+        failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure]
+        raise RuntimeError(f"the Pipes asset failed: {failures}")
+    (m,) = result.asset_materializations_for_node("orders_on_the_cluster")
+    return {k: v.value for k, v in m.metadata.items()}
 
 
 def _session(master: str, conf: dict[str, str] | None = None) -> Any:
@@ -174,7 +227,9 @@ def spec_write(cfg: dict[str, Any]) -> dict[str, Any]:
 JOBS = {
     "airflow-read": airflow_read,
     "airflow-drain": airflow_drain,
+    "airflow-dag": airflow_dag,
     "dagster": dagster,
+    "dagster-pipes": dagster_pipes,
     "time-read": time_read,
     "spec-write": spec_write,
 }

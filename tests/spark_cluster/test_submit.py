@@ -27,6 +27,7 @@ from tests.spark_cluster.checks import (
     last_offsets,
     message_offsets,
     output_pairs,
+    run_job,
     wait_until,
 )
 from tests.spark_cluster.jobs import DRIVER_CONF
@@ -201,3 +202,87 @@ def submit_busy(
     """A second job on the consumer, waiting at most 1 s for the lease."""
     args = [*job_args(name, "busy", out, "dag/read/second"), "--lease-wait-s", "1"]
     return finish(start(cluster, broker, args))
+
+
+def test_the_spark_submit_example_dag_on_the_cluster_twice(
+    free_cluster: StandaloneCluster, broker: BrokerSettings, streams: StreamFactory, tmp_path: Path
+) -> None:
+    """dags/rmqs_spark_submit.py under `dag.test()` in a worker process of its own: its
+    SparkSubmitOperator submits the job to the standalone master (a Spark connection from the
+    environment), the outcome task reads the run record; twice, every offset once."""
+    import json
+
+    name, parts = streams.super_stream(3)
+    out = tmp_path / "out"
+    home = tmp_path / "airflow_home"
+    bundle = home / "dags"
+    bundle.mkdir(parents=True)
+    (bundle / "rmqs_spark_submit.py").symlink_to(REPO / "dags" / "rmqs_spark_submit.py")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(bundle),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT": broker.uri,
+        "AIRFLOW_CONN_SPARK_DEFAULT": f"spark://127.0.0.1:{free_cluster.port}?deploy-mode=client",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # spark-submit on the PATH
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "RMQS_DEMO_SUPERSTREAM": name,
+        "RMQS_DEMO_OUTPUT": str(out),
+        "RMQS_DEMO_CONSUMER": "af-submit",
+        "RMQS_DEMO_SPARK_CONF": json.dumps(DRIVER_CONF),
+        "RMQS_DEMO_MAX_LAG": "0",
+    }
+    cfg = {"dag": "rmqs_spark_submit", "xcom": "outcome", "rendered": "read_on_the_cluster"}
+    for tag in ("a", "b"):  # the second run reads only what is new
+        publish_round(broker, parts, tag, 600)
+        result = run_job(["airflow-dag", json.dumps(cfg)], env=env)
+        free_cluster.wait_no_applications()
+        assert result["state"] == "success", result
+        outcome = result["xcom"]
+        assert outcome["finished"] is True and outcome["this_run"] is True and outcome["lag"] == 0, outcome
+        assert outcome["pipeline"].startswith("rmqs_spark_submit/read_on_the_cluster/"), outcome
+        assert result["rendered_env"]["RMQS_PASSWORD"] == "***", result["rendered_env"]
+        assert_all_delivered(broker, parts, out, "af-submit")
+        assert outcome["offsets"] == sum(b - a for a, b in outcome["ranges"].values()) > 0
+
+
+def test_the_dagster_pipes_example_on_the_cluster_twice(
+    free_cluster: StandaloneCluster, broker: BrokerSettings, streams: StreamFactory, tmp_path: Path
+) -> None:
+    """dagster_rmqs/examples/pipes_spark_submit.py materialized in a process of its own:
+    PipesSubprocessClient runs spark-submit against the standalone master, the job reports its
+    summary through dagster_pipes; twice, every offset once, the metadata the job's own."""
+    import json
+
+    name, parts = streams.super_stream(3)
+    out = tmp_path / "out"
+    env = {
+        "RMQS_ENDPOINTS": f"{broker.host}:{broker.port}",
+        "RMQS_USERNAME": broker.username,
+        "RMQS_PASSWORD": broker.password,
+        "RMQS_VHOST": broker.vhost,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "DAGSTER_HOME": str(tmp_path),
+        "RMQS_DEMO_SUPERSTREAM": name,
+        "RMQS_DEMO_OUTPUT": str(out),
+        "RMQS_DEMO_CONSUMER": "dg-pipes",
+        "RMQS_DEMO_SPARK_MASTER": free_cluster.url,
+        "RMQS_DEMO_SPARK_CONF": json.dumps(DRIVER_CONF),
+    }
+    for tag in ("a", "b"):
+        publish_round(broker, parts, tag, 650)
+        meta = run_job(["dagster-pipes", "{}"], env=env)
+        free_cluster.wait_no_applications()
+        assert meta["watermark_stored"] is True and meta["lag_after"] == 0, meta
+        assert meta["delivery"] == "exactly_once" and meta["pipeline"].startswith("orders_on_the_cluster/")
+        assert_all_delivered(broker, parts, out, "dg-pipes")
+        assert meta["rows"] == messages_in(broker, parts, meta), meta  # the job's own count, reported
+
+
+def messages_in(broker: BrokerSettings, parts: list[str], summary: dict[str, Any]) -> int:
+    """The messages inside a summary's `[start, end)` ranges (tracking entries take offsets too)."""
+    starts, ends = summary["start_offsets"], summary["end_offsets"]
+    return sum(1 for s, o in message_offsets(broker, parts) if starts[s] <= o < ends[s])
