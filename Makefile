@@ -98,8 +98,9 @@ test-cluster: prepare
 # one-core workers from the venv's pyspark (tests/spark_cluster/standalone.py: loopback, free ports,
 # a work dir each under a temp dir, stopped with the session), executors running this venv's Python
 # at the same path (docs/deployment.md). Reads, drains, writes, the Airflow and Dagster Spark paths
-# with a spark:// master, a killed executor, a lost worker and speculation, every offset counted.
-# Needs the suite's broker. Not part of `make test`; 14 tests, about 8 minutes on 2 cores.
+# with a spark:// master, a killed executor, a lost worker and speculation, and watermark runs as
+# spark-submit jobs (SparkSubmitOperator, Dagster Pipes), every offset counted. Needs the suite's
+# broker. Not part of `make test`; 19 tests, about 15 minutes on 2 cores.
 test-spark-cluster: prepare
 	RMQS_TEST_SPARK_CLUSTER=1 $(PY) -m pytest -p no:cacheprovider -m spark_cluster tests/spark_cluster $(PYTEST_ARGS)
 
