@@ -22,10 +22,11 @@ with time (a `retry_policy` with a delay reads it then).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,8 @@ def keep_only(
     `storage_options`) names what it wrote; without one, `written` does. Commit records of earlier
     runs go first, then their files: an interrupted clean-up leaves files a later materialization
     removes, never a record whose files are gone (which would make a run of that range skip writing
-    them).
+    them). The run's own record, if a compaction archived it (`commit_index`), is listed again
+    first; the index and the archive, which name the other runs, go with their records.
     """
     root = local_path(folder)
     if root is None:
@@ -158,13 +160,17 @@ def keep_only(
         return
     if not root.is_dir():
         return
-    record = FileCommits(folder).record(token) if token.ranges else None
+    commits = FileCommits(folder)
+    record = commits.record(token) if token.ranges else None
     kept = {Path(f).parts[0] for f in record.files} if record is not None else set()
     records = root / COMMITS
+    own = f"{token.value}.json"
+    if record is not None and commits.read_bytes(own) is None:  # archived by a compaction
+        commits.write_bytes(own, json.dumps(asdict(record), indent=1).encode())  # listed again first
     if records.is_dir():
-        for r in records.iterdir():
-            if r.name != f"{token.value}.json":
-                r.unlink()
+        for r in records.iterdir():  # other runs' records, the index and the archive
+            if r.name != own:
+                shutil.rmtree(r) if r.is_dir() else r.unlink()
     for entry in root.iterdir():
         if entry.name in (COMMITS, STAGING) or entry.name in kept:
             continue
@@ -187,6 +193,9 @@ def _keep_only_remote(
     commits = StoreCommits(where)
     record = commits.record(token) if token.ranges else None
     own = commits.record_path(token)
+    store = commits.folder()
+    if record is not None and store.read_bytes(f"{token.value}.json") is None:  # archived: listed again
+        store.write_bytes(f"{token.value}.json", json.dumps(asdict(record), indent=1).encode())
     kept = {where.path(f) for f in record.files} if record is not None else set()
     kept |= {where.path(where_relative(where, f)) for f in written}
     infos = where.fs.get_file_info(fs.FileSelector(where.base, recursive=True, allow_not_found=True))

@@ -70,7 +70,9 @@ def test_every_option_has_help(path: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted(p for p in COMMANDS if p[0] not in ("broker", "demo", "spark-archive")), ids=" ".join
+    "path",
+    sorted(p for p in COMMANDS if p[0] not in ("broker", "demo", "spark-archive", "commits")),
+    ids=" ".join,
 )
 def test_every_broker_command_takes_the_connection_flags(path: tuple[str, ...]) -> None:
     longs = {o for opt in options(COMMANDS[path]) for o in opt.opts}

@@ -1,16 +1,18 @@
 """The commit records' index (pyspark_rmqs.runs.outputs.commit_index, issue 47): a run and a reader
-read O(1) records whatever the history, and the index never hides a commit.
+list and read O(1) records whatever the history, and the index never hides a commit.
 
 A generator of commit histories (consumers, streams, incarnations, ranges) interleaved with what can
-go wrong with an index (deleted, stale after a compaction raced another, never written because the
-writer died after its record, unreadable) compares `committed_spans` and `committed_files` after
-every step with an oracle that reads every record raw.
+go wrong with the index and the archive (a compaction killed before its index write, after it, in
+the middle of the archive moves; two compactions racing with a commit between them; the index
+deleted, damaged, an old index object put back; retention expiring records, killed halfway) checks
+after every step `committed_spans` and `committed_files` against a model of every commit made, and
+that a late retry of any run still finds its record (or, once expired, its whole range committed).
 """
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +23,69 @@ from pyspark_rmqs.runs.incarnation import UNMARKED
 from pyspark_rmqs.runs.incarnation import same as same_incarnation
 from pyspark_rmqs.runs.outputs import commit_index
 from pyspark_rmqs.runs.outputs.committed import committed_files
-from pyspark_rmqs.runs.outputs.delivery import COMMITS, FileCommits, RunToken
+from pyspark_rmqs.runs.outputs.delivery import COMMITS, FileCommits, RunToken, covers
 
 CONSUMERS = ("c1", "c2", None)
 STREAMS = ("s1", "s2")
+EVERY = 2  # compaction interval in the generated histories (many compactions in 40 steps)
 
 
-def oracle_spans(root: Path, token: RunToken) -> dict[str, list[tuple[int, int]]]:
-    """Every record read raw, as the code did before the index."""
+class Killed(Exception):
+    """A compaction or an expire stopped at one of its steps (as SIGKILL would stop it)."""
+
+
+class FaultyFolder:
+    """A `RecordFolder` passing every call to `inner`, stopping (`Killed`) or running `before`
+    ahead of the `at`-th call of operation `op` (`write_bytes`, `delete`, `move`)."""
+
+    def __init__(self, inner: FileCommits, op: str, at: int, before: Callable[[], None] | None = None):
+        self.inner, self.op, self.at, self.before, self.calls = inner, op, at, before, 0
+        self.remote = inner.remote
+
+    def _step(self, op: str) -> None:
+        if op != self.op:
+            return
+        self.calls += 1
+        if self.calls == self.at:
+            if self.before is None:
+                raise Killed(op)
+            self.before()
+
+    def list_names(self, sub: str = "") -> list[str]:
+        return self.inner.list_names(sub)
+
+    def read_bytes(self, name: str) -> bytes | None:
+        return self.inner.read_bytes(name)
+
+    def write_bytes(self, name: str, body: bytes) -> None:
+        self._step("write_bytes")
+        self.inner.write_bytes(name, body)
+
+    def delete(self, name: str) -> None:
+        self._step("delete")
+        self.inner.delete(name)
+
+    def move(self, name: str, to: str) -> None:
+        self._step("move")
+        self.inner.move(name, to)
+
+
+def model_spans(commits: list[RunToken], token: RunToken) -> dict[str, list[tuple[int, int]]]:
+    """What every commit made says: the spans of `token`'s ranges its consumer's commits hold."""
     found: dict[str, list[tuple[int, int]]] = {}
-    for path in (root / COMMITS).glob("*.json"):
-        record = json.loads(path.read_text())
-        if record.get("consumer") != token.consumer:
+    for c in commits:
+        if c.consumer != token.consumer:
             continue
-        incs = record.get("incarnations") or {}
         for stream, (lo, hi) in token.ranges.items():
-            span = record["ranges"].get(stream)
-            if span is None:
+            if stream not in c.ranges:
                 continue
-            theirs, ours = int(incs.get(stream) or UNMARKED), int(token.incarnations.get(stream) or UNMARKED)
-            if not same_incarnation(theirs, ours):
+            theirs = int(c.incarnations.get(stream) or UNMARKED)
+            if not same_incarnation(theirs, int(token.incarnations.get(stream) or UNMARKED)):
                 continue
-            a, b = max(lo, span[0]), min(hi, span[1])
+            a, b = max(lo, c.ranges[stream][0]), min(hi, c.ranges[stream][1])
             if a < b:
                 found.setdefault(stream, []).append((a, b))
     return {s: _merge(v) for s, v in found.items()}
-
-
-def oracle_files(root: Path) -> list[str]:
-    files = []
-    for path in (root / COMMITS).glob("*.json"):
-        files += [str(root / f) for f in json.loads(path.read_text())["files"]]
-    return sorted(set(files))
 
 
 def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -65,6 +98,10 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def _file(token: RunToken) -> str:
+    return f"rmqs_run={token.value}/part.parquet"
+
+
 tokens = st.builds(
     lambda consumer, ranges, incs: RunToken(consumer, ranges, incs),
     st.sampled_from(CONSUMERS),
@@ -75,77 +112,202 @@ tokens = st.builds(
     ),
     st.dictionaries(st.sampled_from(STREAMS), st.sampled_from((0, 5, 9))),
 )
+KILLS = (("write_bytes", 1), ("delete", 1), ("move", 1), ("move", 2))  # a compaction's steps
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("commit"), tokens),
+        st.tuples(st.just("commit"), tokens),  # commits weigh more: compactions need records
+        st.tuples(st.just("commit"), tokens),
         st.tuples(st.just("commit_no_compaction"), tokens),  # the writer died after its record
+        st.tuples(st.just("killed_compaction"), st.sampled_from(KILLS)),
+        st.tuples(st.just("racing_compaction"), tokens),  # a commit and a compaction inside another
         st.tuples(st.just("drop_index"), st.none()),
-        st.tuples(st.just("stale_index"), st.none()),  # another compaction's older view won the race
+        st.tuples(st.just("old_index_back"), st.none()),  # a stale index object beside the newer
         st.tuples(st.just("garbage_index"), st.none()),
         st.tuples(st.just("compact_now"), st.none()),
+        st.tuples(st.just("expire"), st.sampled_from((None, 1, 2))),  # killed before its n-th delete
     ),
-    min_size=1,
+    min_size=12,  # long enough for compactions, kills and retries to meet
     max_size=40,
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=steps, probe=tokens)
-def test_the_index_answers_as_every_record_read_raw(
+def test_the_index_answers_as_every_commit_made(
     tmp_path_factory: Any, history: list[Any], probe: RunToken
 ) -> None:
-    root = tmp_path_factory.mktemp("out")
+    every, commit_index.COMPACT_EVERY = commit_index.COMPACT_EVERY, EVERY
+    try:
+        _run_history(tmp_path_factory.mktemp("out"), history, probe)
+    finally:
+        commit_index.COMPACT_EVERY = every
+
+
+def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
     commits = FileCommits(str(root))
-    stale: bytes | None = None
-    index = root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX
-    for i, (op, token) in enumerate(history):
-        if op in ("commit", "commit_no_compaction") and commits.record(token) is None:  # as runs do
-            files = [f"rmqs_run={token.value}/part-{i}.parquet"]
-            if op == "commit":
-                commits.commit(token, files, 1, 1)
-            else:
-                commit_index_every, commit_index.COMPACT_EVERY = commit_index.COMPACT_EVERY, 10**9
-                try:
-                    commits.commit(token, files, 1, 1)
-                finally:
-                    commit_index.COMPACT_EVERY = commit_index_every
-        elif op == "drop_index" and index.exists():
-            index.unlink()
-        elif op == "stale_index" and stale is not None:
-            commits.write_index(stale)
-        elif op == "garbage_index" and index.exists():
-            index.write_text('{"version": 1, "tokens": [')
+    made: dict[str, RunToken] = {}  # every commit, by token: the model
+    expired: set[str] = set()
+    old_index: tuple[str, bytes] | None = None
+    index_dir = root / COMMITS / commit_index.INDEX_DIR
+
+    def commit(token: RunToken, compacts: bool = True) -> None:
+        if commits.record(token) is None and token.value not in expired:  # as runs do
+            every, commit_index.COMPACT_EVERY = commit_index.COMPACT_EVERY, EVERY if compacts else 10**9
+            try:
+                commits.commit(token, [_file(token)], 1, 1)
+            finally:
+                commit_index.COMPACT_EVERY = every
+            made[token.value] = token
+
+    for op, arg in history:
+        if op in ("commit", "commit_no_compaction"):
+            commit(arg, compacts=op == "commit")
+        elif op == "killed_compaction":
+            try:  # killed where it reaches that step (a compaction of nothing stops earlier)
+                commit_index.compact(FaultyFolder(commits, *arg), every=1)
+            except Killed:
+                pass
+        elif op == "racing_compaction":  # A reads; a run commits and B compacts; then A writes
+
+            def other(arg: RunToken = arg) -> None:
+                commit(arg, compacts=False)
+                commit_index.compact(commits, every=1)
+
+            commit_index.compact(FaultyFolder(commits, "write_bytes", 1, before=other), every=1)
+        elif op == "drop_index":  # the whole of `_index/` (an older object put back alone is not safe)
+            for p in index_dir.glob("*") if index_dir.is_dir() else []:
+                p.unlink()
+            old_index = None
+        elif op == "old_index_back" and old_index is not None:
+            (index_dir / old_index[0]).write_bytes(old_index[1])
+        elif op == "garbage_index" and index_dir.is_dir() and any(index_dir.glob("*.json")):
+            next(index_dir.glob("*.json")).write_text('{"version": 2, "spans": [')
         elif op == "compact_now":
             commit_index.compact(commits, every=1)
-        if index.exists():
-            stale = stale or index.read_bytes()
-        for t in (probe, token) if token is not None else (probe,):
-            assert commits.committed_spans(t) == oracle_spans(root, t), (op, t)
-        assert committed_files(str(root)) == oracle_files(root), op
+        elif op == "expire":
+            before = _records(root)
+            folder = commits if arg is None else FaultyFolder(commits, "delete", arg)
+            try:
+                commit_index.expire(folder, 0, now=float("inf"))
+            except Killed:
+                pass
+            expired |= before - _records(root)
+        for p in index_dir.glob("*.json") if index_dir.is_dir() and old_index is None else []:
+            old_index = (p.name, p.read_bytes())
+        _check(root, commits, made, expired, probe, arg if isinstance(arg, RunToken) else None)
+
+
+def _records(root: Path) -> set[str]:
+    """The tokens of the records listed or archived."""
+    found = [*(root / COMMITS).glob("*.json"), *(root / COMMITS / commit_index.ARCHIVE_DIR).glob("*.json")]
+    return {p.stem for p in found if not p.name.startswith("_")}
+
+
+def _check(
+    root: Path,
+    commits: FileCommits,
+    made: dict[str, RunToken],
+    expired: set[str],
+    probe: RunToken,
+    token: RunToken | None,
+) -> None:
+    for t in (probe, token) if token is not None else (probe,):
+        assert commits.committed_spans(t) == model_spans(list(made.values()), t), t
+    assert committed_files(str(root)) == sorted(str(root / _file(t)) for t in made.values())
+    for value, t in made.items():  # a late retry of every run recognises it
+        if value in expired:
+            assert commits.record(t) is None and covers(commits.committed_spans(t), t.ranges), t
+        else:
+            assert commits.record(t) is not None, t
 
 
 class CountingFolder(FileCommits):
-    """FileCommits counting the records it reads raw."""
+    """FileCommits counting the records it reads and the names it lists."""
 
     reads = 0
+    listed = 0
 
-    def read_record(self, name: str) -> dict[str, Any] | None:
-        CountingFolder.reads += 1
-        return super().read_record(name)
+    def read_bytes(self, name: str) -> bytes | None:
+        if not name.startswith(commit_index.INDEX_DIR):
+            CountingFolder.reads += 1
+        return super().read_bytes(name)
+
+    def list_names(self, sub: str = "") -> list[str]:
+        names = super().list_names(sub)
+        CountingFolder.listed += len(names)
+        return names
 
 
-def test_a_run_reads_fewer_records_than_the_compaction_interval_whatever_the_history(tmp_path: Path) -> None:
+def test_a_run_lists_and_reads_fewer_records_than_the_compaction_interval_whatever_the_history(
+    tmp_path: Path,
+) -> None:
     commits = CountingFolder(str(tmp_path))
     for i in range(1000):
         commits.commit(RunToken("c", {"s": (i * 10, i * 10 + 10)}), [f"f{i}.parquet"], 10, 1)
-    CountingFolder.reads = 0
+    CountingFolder.reads = CountingFolder.listed = 0
     probe = RunToken("c", {"s": (9_990, 10_020)})
     assert commits.committed_spans(probe) == {"s": [(9_990, 10_000)]}
     assert CountingFolder.reads < commit_index.COMPACT_EVERY, CountingFolder.reads
+    assert CountingFolder.listed <= commit_index.COMPACT_EVERY + 2, CountingFolder.listed
     assert len(committed_files(str(tmp_path))) == 1000
-    # The index is a cache: without it, the same answer from the records.
-    (tmp_path / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX).unlink()
+    # A late retry of the first run finds its record, archived.
+    assert commits.record(RunToken("c", {"s": (0, 10)})) is not None
+    # The index is a cache: without it, the same answer from the archived records.
+    for p in (tmp_path / COMMITS / commit_index.INDEX_DIR).iterdir():
+        p.unlink()
     CountingFolder.reads = 0
     assert commits.committed_spans(probe) == {"s": [(9_990, 10_000)]}
     assert CountingFolder.reads == 1000
-    assert os.listdir(tmp_path / COMMITS / commit_index.INDEX_DIR) == []
+    assert os.listdir(tmp_path / COMMITS / commit_index.INDEX_DIR) == []  # a read writes nothing
+
+
+def test_expire_keeps_what_a_late_retry_and_a_reader_need(tmp_path: Path) -> None:
+    commits = FileCommits(str(tmp_path))
+    old = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(40)]
+    for t in old:
+        commits.commit(t, [_file(t)], 10, 1)
+    report = commit_index.expire(commits, 3600, now=float("inf"))
+    assert (report.expired, report.kept) == (40, 0)
+    archive = tmp_path / COMMITS / commit_index.ARCHIVE_DIR
+    assert [p.name.startswith(commit_index.EXPIRED) for p in archive.iterdir()] == [True]
+    assert commits.record(old[0]) is None  # its record is gone: its range still reads as committed
+    assert covers(commits.committed_spans(old[0]), old[0].ranges)
+    assert len(committed_files(str(tmp_path))) == 40
+    # With the index deleted too, the expired snapshot answers.
+    for p in (tmp_path / COMMITS / commit_index.INDEX_DIR).iterdir():
+        p.unlink()
+    assert covers(commits.committed_spans(old[5]), old[5].ranges)
+    assert len(committed_files(str(tmp_path))) == 40
+    # Records younger than the cutoff stay.
+    new = RunToken("c", {"s": (400, 410)})
+    commits.commit(new, [_file(new)], 10, 1)
+    assert commit_index.expire(commits, 3600).kept == 1 and commits.record(new) is not None
+
+
+def test_rmqs_commits_expire_on_a_folder(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pyspark_rmqs.cli.app import app
+
+    commits = FileCommits(str(tmp_path))
+    runs = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(5)]
+    for t in runs:
+        commits.commit(t, [_file(t)], 10, 1)
+    cli = CliRunner()
+    dry = cli.invoke(app, ["commits", "expire", str(tmp_path), "--older-than", "0s", "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout) == {"output": str(tmp_path), "expired": 5, "kept": 0, "dry_run": True}
+    assert all(commits.record(t) is not None for t in runs)
+    kept = cli.invoke(app, ["commits", "expire", str(tmp_path), "--older-than", "30d"])
+    assert kept.exit_code == 0 and "expired 0 commit record(s)" in kept.stdout and "kept 5" in kept.stdout
+    gone = cli.invoke(app, ["commits", "expire", str(tmp_path), "--older-than", "0s", "--json"])
+    assert json.loads(gone.stdout)["expired"] == 5 and all(commits.record(t) is None for t in runs)
+    assert all(covers(commits.committed_spans(t), t.ranges) for t in runs)
+    assert len(committed_files(str(tmp_path))) == 5
+    bad = cli.invoke(app, ["commits", "expire", str(tmp_path), "--older-than", "30"])
+    assert bad.exit_code == 1 and "a number and a unit" in bad.output
+    empty = cli.invoke(app, ["commits", "expire", str(tmp_path / "nothing"), "--older-than", "1d"])
+    assert empty.exit_code == 1 and "no commit records" in empty.output

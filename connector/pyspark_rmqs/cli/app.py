@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from pyspark_rmqs import __version__
+from pyspark_rmqs.cli import commits as cli_commits
 from pyspark_rmqs.cli import peek as cli_peek
 from pyspark_rmqs.cli import streams as cli_streams
 from pyspark_rmqs.cli import watermark as cli_watermark
@@ -35,9 +36,13 @@ broker_app = typer.Typer(
 )
 watermark_app = typer.Typer(no_args_is_help=True, help="Show or move a consumer's watermark (stored offset).")
 stream_app = typer.Typer(no_args_is_help=True, help="Manage streams and super streams.")
+commits_app = typer.Typer(
+    no_args_is_help=True, help="The commit history of an exactly-once output folder (no broker)."
+)
 app.add_typer(broker_app, name="broker", hidden=not _IN_CHECKOUT)
 app.add_typer(watermark_app, name="watermark")
 app.add_typer(stream_app, name="stream")
+app.add_typer(commits_app, name="commits")
 
 
 def _show_version(value: bool) -> None:
@@ -68,6 +73,7 @@ watermark_app.command("set")(cli_watermark.set_command)
 app.command("create")(cli_streams.create_command)
 stream_app.command("delete")(cli_streams.delete_command)
 app.command("publish")(cli_streams.publish_command)
+commits_app.command("expire")(cli_commits.expire_command)
 
 
 # ----------------------------------------------------------------------------- broker and demo

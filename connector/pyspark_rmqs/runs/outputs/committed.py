@@ -85,7 +85,7 @@ def _rmqs_files(where: Location) -> list[str]:
     from pyarrow import fs as pafs
 
     own = commit_index.snapshot(commit_index.ArrowFolder(where.fs, where.path(COMMITS)))
-    if own.tokens:  # a folder of runs: no time windows below it (no listing of its files)
+    if own.runs:  # a folder of runs: no time windows below it (no listing of its files)
         return [f"{where.base}/{f}" for f in own.files]
     out: list[str] = []
     selector = pafs.FileSelector(where.base, allow_not_found=True)

@@ -145,6 +145,7 @@ class FileCommits:
                 "engine='arrow'), an Iceberg table, or delivery='at_least_once'"
             )
         self.root = root
+        self.listed: int | None = None  # records listed by this run's `committed_spans`
 
     def staging(self, token: RunToken) -> Path:
         """The staging folder of one attempt at `token` (each attempt has its own: an attempt that
@@ -158,11 +159,9 @@ class FileCommits:
         return self.root / COMMITS / f"{token.value}.json"
 
     def record(self, token: RunToken) -> CommitRecord | None:
-        """The commit record of `token`, if the run committed."""
-        path = self.record_path(token)
-        if not path.exists():
-            return None
-        return CommitRecord(**json.loads(path.read_text()))
+        """The commit record of `token`, if the run committed (listed, or archived since)."""
+        found = commit_index.read_record(self, f"{token.value}.json")
+        return None if found is None else CommitRecord(**found)
 
     def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
         """Offsets of `token`'s ranges that earlier runs of its consumer already committed here.
@@ -170,27 +169,49 @@ class FileCommits:
         Commits are recognised per partition range, not only per whole token: when a watermark is
         put back (`rmqs watermark set`, or another client), the next run's range overlaps what the
         output holds, and only the rest is written. Read through the folder's index
-        (`commit_index`): O(1) records whatever the history.
+        (`commit_index`): O(1) records whatever the history. How many records were listed is kept:
+        the run's commit decides from it whether to compact, without listing again.
         """
-        return commit_index.snapshot(self).spans_of(token.consumer, token.ranges, token.incarnations)
+        snap = commit_index.snapshot(self)
+        self.listed = len(snap.listed)
+        return snap.spans_of(token.consumer, token.ranges, token.incarnations)
 
     # The `commit_index.RecordFolder` of `_rmqs_commits/`.
-    def record_names(self) -> list[str]:
+    remote = False
+
+    def list_names(self, sub: str = "") -> list[str]:
         try:
-            names = os.listdir(self.root / COMMITS)
+            return os.listdir(self.root / COMMITS / sub)
         except OSError:
             return []
-        return [n for n in names if n.endswith(".json") and not n.startswith("_")]
 
-    def read_record(self, name: str) -> dict[str, Any] | None:
-        return _json_or_none(self.root / COMMITS / name)
+    def read_bytes(self, name: str) -> bytes | None:
+        try:
+            return (self.root / COMMITS / name).read_bytes()
+        except FileNotFoundError:
+            return None
 
-    def read_index(self) -> dict[str, Any] | None:
-        return _json_or_none(self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX)
-
-    def write_index(self, body: bytes) -> None:
+    def write_bytes(self, name: str, body: bytes) -> None:
         """Whole or not at all: a temporary file, flushed, renamed into place."""
-        write_atomically(self.root / COMMITS / commit_index.INDEX_DIR / commit_index.INDEX, body)
+        write_atomically(self.root / COMMITS / name, body)
+
+    def delete(self, name: str) -> None:
+        (self.root / COMMITS / name).unlink(missing_ok=True)
+        fsync_dir((self.root / COMMITS / name).parent)
+
+    def move(self, name: str, to: str) -> None:
+        """One rename (the target's folder made and flushed first; both folders flushed after); a
+        record gone already was moved by a compaction racing this one."""
+        src, dst = self.root / COMMITS / name, self.root / COMMITS / to
+        if not dst.parent.is_dir():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            fsync_dir(dst.parent.parent)
+        try:
+            os.replace(src, dst)
+        except FileNotFoundError:
+            return
+        fsync_dir(dst.parent)
+        fsync_dir(src.parent)
 
     def path_of(self, relative: str) -> str:
         """Where a file a record lists is (records hold paths relative to the output)."""
@@ -244,7 +265,7 @@ class FileCommits:
             fsync_dir(folder)
         write_atomically(self.record_path(token), json.dumps(asdict(record), indent=1).encode())
         self._tidy(token)
-        _compact_quietly(self)
+        _compact_quietly(self, self.listed)
         return record
 
     def _tidy(self, token: RunToken) -> None:
@@ -280,23 +301,20 @@ class StoreCommits:
 
     def __init__(self, location: Any) -> None:
         self.location = location  # objectstore.Location
+        self.listed: int | None = None  # records listed by this run's `committed_spans`
 
     def record_path(self, token: RunToken) -> str:
         return self.location.path(f"{COMMITS}/{token.value}.json")
 
     def record(self, token: RunToken) -> CommitRecord | None:
-        """The commit record of `token`, if the run committed."""
-        fs = self.location.fs
-        try:
-            with fs.open_input_stream(self.record_path(token)) as f:
-                body = f.read()
-        except FileNotFoundError:
-            return None
-        return CommitRecord(**json.loads(body))
+        """The commit record of `token`, if the run committed (listed, or archived since)."""
+        found = commit_index.read_record(self.folder(), f"{token.value}.json")
+        return None if found is None else CommitRecord(**found)
 
     def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
         """As `FileCommits.committed_spans`: through the folder's index, O(1) records read."""
         snap = commit_index.snapshot(self.folder())
+        self.listed = len(snap.listed)
         return snap.spans_of(token.consumer, token.ranges, token.incarnations)
 
     def folder(self) -> commit_index.ArrowFolder:
@@ -310,27 +328,20 @@ class StoreCommits:
         record = new_record(token, files, rows, size)
         with self.location.fs.open_output_stream(self.record_path(token)) as f:
             f.write(json.dumps(asdict(record), indent=1).encode())
-        _compact_quietly(self.folder())
+        _compact_quietly(self.folder(), self.listed)
         return record
 
 
-def _compact_quietly(folder: commit_index.RecordFolder) -> None:
-    """After a commit: fold the records into the index when enough are outside it. The run is
-    committed already (its record is written); an index that could not be written is only slower."""
+def _compact_quietly(folder: commit_index.RecordFolder, listed: int | None) -> None:
+    """After a commit: fold the records into the index when enough are listed (`listed`: how many
+    the run saw before its commit; None lists them). The run is committed already (its record is
+    written); an index that could not be written is only slower."""
     try:
-        commit_index.compact(folder)
+        commit_index.compact(folder, listed=listed)
     except Exception:
         log.warning(
             "compacting the commit records' index failed (the records stay authoritative)", exc_info=True
         )
-
-
-def _json_or_none(path: Path) -> dict[str, Any] | None:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
