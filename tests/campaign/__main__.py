@@ -32,6 +32,7 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 from tests.campaign import harness  # noqa: E402
 from tests.campaign import machine as campaign  # noqa: E402
 from tests.campaign.config import AVOIDABLE, OPERATIONS, CampaignConfig  # noqa: E402
+from tests.support.broker import ensure_restartable_broker, settings_from_env  # noqa: E402
 
 
 def campaign_settings(examples: int, steps: int, *, shrink: bool = True) -> settings:
@@ -55,7 +56,20 @@ def report(started: float, master: int, batches: list[int]) -> None:
         f"campaign: {stats['sequences']} sequences, {stats['steps']} steps, {stats['messages']} messages, "
         f"{stats['final_checks']} final checks in {time.monotonic() - started:.0f} s"
     )
-    for prefix in ("rule", "outcome", "concurrent", "killed", "paused", "noop", "avoided", "disabled"):
+    for prefix in (
+        "rule",
+        "outcome",
+        "concurrent",
+        "killed",
+        "paused",
+        "restarted_run",
+        "clock_skew",
+        "produce",
+        "drain_refused",
+        "noop",
+        "avoided",
+        "disabled",
+    ):
         found = sorted((k, v) for k, v in stats.items() if k.startswith(prefix + ":"))
         if found:
             print(f"campaign: {prefix}s: " + ", ".join(f"{k.split(':', 1)[1]}={v}" for k, v in found))
@@ -69,6 +83,10 @@ def report(started: float, master: int, batches: list[int]) -> None:
         "data_loss_messages_excused",
         "time_open_refused",
         "data_loss_false_alarm",
+        "broker_restarts",
+        "broker_restarts_mid_run",
+        "broker_restart_seconds",
+        "drain_generations",
     ):
         if stats[key]:
             print(f"campaign: {key}: {stats[key]}")
@@ -91,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("CAMPAIGN_OUTPUTS", "alternate"),
         help="where the Airflow exactly-once consumers write: local, s3 (moto), alternate (by batch seed)",
     )
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("CAMPAIGN_BROKER", "restartable"),
+        help="shared (the suite's broker, never restarted) or restartable (the second local one: "
+        "broker_restart restarts it; the default)",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report the failing sequence unshrunk")
     parser.add_argument("--keep-going", action="store_true", help="go on with the next batch after a failure")
     args = parser.parse_args(argv)
@@ -98,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         if value:
             os.environ[var] = ",".join(x for x in (os.environ.get(var, ""), value) if x)
     os.environ["CAMPAIGN_OUTPUTS"] = args.outputs
+    if args.broker == "restartable" and settings_from_env().external:
+        args.broker = "shared"  # RMQS_TEST_URI: a broker the campaign must not restart
+    os.environ["CAMPAIGN_BROKER"] = args.broker
+    if args.broker == "restartable":
+        ensure_restartable_broker()
     config = CampaignConfig.from_env()
     quiet()
     master = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -105,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"campaign: master seed {master}, {args.seconds:.0f} s, {args.examples} sequences of up to "
         f"{args.steps} steps per batch; avoiding {sorted(config.avoid) or 'nothing'}; "
-        f"disabled {sorted(config.disabled) or 'nothing'}",
+        f"disabled {sorted(config.disabled) or 'nothing'}; broker: {config.broker}",
         flush=True,
     )
     started = time.monotonic()

@@ -56,6 +56,9 @@ FIXED_BUGS: dict[str, str] = {
 AVOIDABLE = (*KNOWN_BUGS, *FIXED_BUGS)
 
 OUTPUTS = ("local", "s3", "alternate")
+# Which broker a sequence runs on: "shared" (the suite's, or RMQS_TEST_URI's: never restarted) or
+# "restartable" (the suite's second local broker, which `broker_restart` restarts: the runner's default).
+BROKERS = ("shared", "restartable")
 # Commit records outside an output's index before a run folds them in (`commit_index.COMPACT_EVERY`,
 # 16 by default: a sequence's output rarely gets there), in the machine's process and kill_job's.
 COMPACT_EVERY = 2
@@ -82,6 +85,9 @@ OPERATIONS = (
     "timed_run",
     "run_killed",
     "spark_run",
+    "drain",
+    "broker_restart",
+    "produce_run",
 )
 
 
@@ -112,6 +118,7 @@ class CampaignConfig:
     # server: object_store.py), or "alternate" (the runner: s3 for odd batch seeds, so a batch replays
     # with its own choice).
     outputs: str = "local"
+    broker: str = "shared"
 
     def avoids(self, bug: str) -> bool:
         assert bug in AVOIDABLE, bug
@@ -129,7 +136,16 @@ class CampaignConfig:
         outputs = os.environ.get("CAMPAIGN_OUTPUTS", base.outputs)
         if outputs not in OUTPUTS:
             raise ValueError(f"CAMPAIGN_OUTPUTS: {outputs!r}; known: {', '.join(OUTPUTS)}")
-        return replace(base, avoid=base.avoid | avoid, disabled=base.disabled | disabled, outputs=outputs)
+        broker = os.environ.get("CAMPAIGN_BROKER", base.broker)
+        if broker not in BROKERS:
+            raise ValueError(f"CAMPAIGN_BROKER: {broker!r}; known: {', '.join(BROKERS)}")
+        return replace(
+            base,
+            avoid=base.avoid | avoid,
+            disabled=base.disabled | disabled,
+            outputs=outputs,
+            broker=broker,
+        )
 
     def for_batch(self, batch: int) -> CampaignConfig:
         """This configuration for the batch seeded `batch` ("alternate" outputs decided by the seed)."""
@@ -144,5 +160,7 @@ class CampaignConfig:
 # time positions (on a broker before 4.3, a time past a partition's newest chunk costs a 1.5 s
 # probe: every end in the future, most ends just past). Without `spark_run` the Spark consumer
 # (harness.SPARK_PIPELINES) does not exist at all.
-SLOW_OPERATIONS = frozenset({"run_killed", "spark_run", "timed_run", "backfill_by_time"})
+SLOW_OPERATIONS = frozenset(
+    {"run_killed", "spark_run", "drain", "broker_restart", "timed_run", "backfill_by_time"}
+)
 SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), disabled=SLOW_OPERATIONS, initial_messages=2)

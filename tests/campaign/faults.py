@@ -7,6 +7,8 @@
   or before the record says `stored`.
 - Late data: messages published while the run is inside its sink (after its range was fixed).
 - A gate: the sink blocks on its first batch until released, so a second run can start meanwhile.
+- A local clock ahead of or behind the broker's (`local_clock`): what a run reads as "now" to decide
+  whether a time end has passed (`steps.datetime`, the run's one use of the local clock there).
 
 Every patch is process-wide and undone on exit; the Parquet sink's `write` is patched once with a
 dispatcher that finds the hooks of the thread calling it, so two runs in two threads each meet
@@ -25,6 +27,8 @@ from pyspark_rmqs.runs import consume, steps
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.watermarks import store_watermarks
 
+# How far the run's local clock is from the broker's (ms): a worker's clock two minutes ahead or behind.
+CLOCK_SKEWS_MS = (0, 0, -120_000, 120_000)
 CRASH_POINTS = ("before_delivered", "before_store", "after_first_store", "before_stored")
 GATE_TIMEOUT_S = 30.0
 
@@ -189,3 +193,25 @@ def lease_wait(seconds: float) -> Iterator[None]:
         yield
     finally:
         steps.DEFAULT_LEASE_WAIT_S = real
+
+
+@contextlib.contextmanager
+def local_clock(skew_ms: int) -> Iterator[None]:
+    """The run's clock `skew_ms` ahead of (positive) or behind the broker's, while inside."""
+    if not skew_ms:
+        yield
+        return
+    from datetime import datetime, timedelta, tzinfo
+
+    real = steps.datetime
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+            return real.now(tz) + timedelta(milliseconds=skew_ms)
+
+    steps.datetime = Skewed  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        steps.datetime = real  # type: ignore[misc]

@@ -45,7 +45,7 @@ from tests.campaign.invariants import (
 )
 from tests.campaign.model import Model, PipelineModel, TargetModel
 from tests.campaign.runs import Attempt, Row, execute, parquet_rows, use_broker
-from tests.support.broker import settings_from_env
+from tests.support.broker import RESTARTABLE, settings_from_env
 
 TARGETS = ("a", "b", "ss")
 # consumer -> (engine, sink, starting_offsets)
@@ -62,6 +62,10 @@ PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in CONSUMERS)
 # rule is enabled (`make campaign`, not the in-suite budget: config.SUITE).
 SPARK_CONSUMERS = {"c6": ("spark", "parquet", "earliest")}
 SPARK_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in SPARK_CONSUMERS)
+# The drain consumer: AvailableNow drains through the Airflow drain operator, a kept checkpoint
+# (drain_rules.py); only where the `drain` rule is enabled.
+DRAIN_CONSUMERS = {"c7": ("drain", "parquet", "earliest")}
+DRAIN_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in DRAIN_CONSUMERS)
 AIRFLOW_PIPELINES = tuple(k for k in PIPELINES if CONSUMERS[k.split("@")[0]][0] == "airflow")
 STREAM_KEYS = ("a", "b", "ss-0", "ss-1", "ss-2")
 FINAL_MESSAGES = 3  # per partition, published before the final runs
@@ -86,7 +90,7 @@ class CampaignBase(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        settings = settings_from_env()
+        settings = RESTARTABLE if self.config.broker == "restartable" else settings_from_env()
         use_broker(settings)
         self.ops = BrokerOps(settings)
         self.dagster = DagsterRuns(settings)
@@ -115,9 +119,10 @@ class CampaignBase(RuleBasedStateMachine):
         ss = self.names["ss"] = f"camp-{self.uid}-ss"
         self.model.add_target("ss", ss, self.ops.create_super_stream(ss, 2), superstream=True)
         spark = SPARK_PIPELINES if self.config.enabled("spark_run") else ()
-        for key in (*PIPELINES, *spark):
+        drains = DRAIN_PIPELINES if self.config.enabled("drain") else ()
+        for key in (*PIPELINES, *spark, *drains):
             consumer, target = key.split("@")
-            engine, sink, starting = {**CONSUMERS, **SPARK_CONSUMERS}[consumer]
+            engine, sink, starting = {**CONSUMERS, **SPARK_CONSUMERS, **DRAIN_CONSUMERS}[consumer]
             self.model.pipelines[key] = PipelineModel(key, consumer, target, sink, starting, engine)
             self.rows[key] = []
         for target in TARGETS if self.config.initial_messages else ():

@@ -29,18 +29,19 @@ from tests.campaign.config import CampaignConfig
 from tests.campaign.faults import CRASH_POINTS, Crash, Hooks, SinkFailure, lease_wait, sink_hooks
 from tests.campaign.harness import AIRFLOW_PIPELINES, FAILURES, PIPELINES, STATS, STREAM_KEYS, TARGETS
 from tests.campaign.invariants import Violation, check_backfill_stored_nothing, check_failure
+from tests.campaign.produce_rules import ProduceRules
 from tests.campaign.runs import Attempt, Row, execute
-from tests.campaign.spark_rules import SparkRules
 
 LATE_MESSAGES = 7  # published from inside a run's sink
 LEASE_WAIT_S = 0.5  # how long the second of two concurrent runs waits for the consumer name
 SET_TO = ("latest", "earliest", "quarter", "half")  # where `rmqs watermark set --to` moves it
 
 
-class CampaignMachine(SparkRules):
+class CampaignMachine(ProduceRules):
     """The rules; one instance is one sequence on its own streams (see harness.py); the rules on
     retention and time positions are in retention_time.py, real process kills in killed.py, the
-    Spark consumer's in spark_rules.py."""
+    Spark consumer's in spark_rules.py, the drain consumer's in drain_rules.py, broker restarts in
+    broker_faults.py, produce runs in produce_rules.py."""
 
     # -------------------------------------------------------------------------------- rules
 

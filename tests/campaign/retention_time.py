@@ -33,7 +33,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from tests.campaign.faults import Hooks, SinkFailure, sink_hooks
+from tests.campaign.faults import CLOCK_SKEWS_MS, Hooks, SinkFailure, local_clock, sink_hooks
 from tests.campaign.harness import AIRFLOW_PIPELINES, PIPELINES, STATS, STREAM_KEYS, CampaignBase
 from tests.campaign.invariants import Violation, check_backfill_stored_nothing, check_failure
 from tests.campaign.model import Message, PipelineModel
@@ -186,10 +186,12 @@ class RetentionAndTimeRules(CampaignBase):
         start_at=st.integers(0, 1000),
         end_kind=st.sampled_from(END_KINDS),
         end_at=st.integers(0, 1000),
+        skew=st.sampled_from(CLOCK_SKEWS_MS),
     )
-    def backfill_by_time(self, pipeline: str, start_at: int, end_kind: str, end_at: int) -> None:
+    def backfill_by_time(self, pipeline: str, start_at: int, end_kind: str, end_at: int, skew: int) -> None:
         """A backfill from a time to a time (in the past or in the future) or to `latest`: it reads
-        exactly the messages published in the range (or reports retention's loss), stores nothing."""
+        exactly the messages published in the range (or reports retention's loss), stores nothing;
+        the run's clock `skew` ms ahead of or behind the broker's."""
         if not self._step("backfill_by_time"):
             return
         p = self.model.pipelines[pipeline]
@@ -201,7 +203,8 @@ class RetentionAndTimeRules(CampaignBase):
         before = self._stored(p)
         rows: list[Row] = []
         hooks = Hooks()
-        with sink_hooks(hooks):
+        STATS[f"clock_skew:{skew}"] += 1
+        with sink_hooks(hooks), local_clock(skew):
             attempt = execute(
                 t,
                 p,
@@ -263,13 +266,22 @@ class RetentionAndTimeRules(CampaignBase):
         end_kind=st.sampled_from(END_KINDS),
         end_at=st.integers(0, 1000),
         fail=st.sampled_from((False, False, True)),
+        skew=st.sampled_from(CLOCK_SKEWS_MS),
     )
-    def timed_run(self, pipeline: str, start_at: int, end_kind: str, end_at: int, fail: bool) -> None:
+    def timed_run(
+        self, pipeline: str, start_at: int, end_kind: str, end_at: int, fail: bool, skew: int
+    ) -> None:
         """A storing run over a time range (`store_watermark=True`, the interval's task) into the
         consumer's own output; with `fail`, its sink fails once and it is retried. What lies between
-        the watermark and the start is skipped on purpose; its ends are where the times fall."""
+        the watermark and the start is skipped on purpose; its ends are where the times fall. The
+        run's clock is `skew` ms ahead of or behind the broker's."""
         if not self._step("timed_run"):
             return
+        STATS[f"clock_skew:{skew}"] += 1
+        with local_clock(skew):
+            self._timed_run(pipeline, start_at, end_kind, end_at, fail)
+
+    def _timed_run(self, pipeline: str, start_at: int, end_kind: str, end_at: int, fail: bool) -> None:
         p = self.model.pipelines[pipeline]
         if not self._may_run(p):
             return self._skip("timed-not-applicable")

@@ -1,0 +1,74 @@
+"""Broker restarts: `broker_restart` restarts the broker (a real process restart: every connection
+closed, new ones refused for seconds, then "stream not available" until the streams are back)
+between two steps, or from inside a run's sink at its first batch.
+
+What must hold (docs/failure-semantics.md, "Broker restarts"): everything durable survives a
+restart (streams, stored offsets, run records, leases taken back), and a run the restart meets
+either finishes on its first try (its reader resubscribes at its next offset, it takes its lease
+back) or fails typed and retryable; the invariants after the step and the final check count every
+message either way.
+
+The restart is of the broker the sequence runs on: the campaign's own (the suite's second local
+broker, `tests.support.broker.RESTARTABLE`, `--broker restartable`, the runner's default), never the
+broker other tests share: on `--broker shared` (the in-suite budget) the rule does nothing. A
+restart costs 10-20 s: off in the in-suite budget (config.SUITE).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from tests.campaign.drain_rules import DrainRules
+from tests.campaign.faults import Hooks
+from tests.campaign.harness import PIPELINES, STATS
+from tests.support.broker import RESTARTABLE_ENV, broker_sh
+
+RESTART_TIMEOUT_S = 300
+
+
+def restart_broker() -> float:
+    """Restart the campaign's broker (down, then up); the seconds it took."""
+    began = time.monotonic()
+    done = broker_sh("restart", timeout=RESTART_TIMEOUT_S, env=RESTARTABLE_ENV)
+    if done.returncode != 0:
+        raise RuntimeError(f"the campaign's broker did not restart: {(done.stdout + done.stderr)[-1500:]}")
+    return time.monotonic() - began
+
+
+class BrokerFaultRules(DrainRules):
+    """`broker_restart` (see the module docstring)."""
+
+    @precondition(lambda self: self.config.broker == "restartable" and self.config.enabled("broker_restart"))
+    # Mid-run first: hypothesis draws the first elements most often (and shrinks towards them).
+    @rule(pipeline=st.sampled_from((*PIPELINES, None)))
+    def broker_restart(self, pipeline: str | None) -> None:
+        """Restart the broker between steps (`pipeline` None), or from inside a watermark run of
+        `pipeline` at its first batch; the run goes on."""
+        if not self._step("broker_restart"):
+            return
+        if self.config.broker != "restartable":
+            return self._skip("broker-restart-on-a-shared-broker")
+        if pipeline is None:
+            STATS["broker_restarts"] += 1
+            STATS["broker_restart_seconds"] += round(restart_broker())
+            return
+        p = self.model.pipelines[pipeline]
+        if not self._may_run(p):
+            return
+        hooks = Hooks()
+
+        def restart() -> None:
+            STATS["broker_restarts_mid_run"] += 1
+            STATS["broker_restart_seconds"] += round(restart_broker())
+
+        hooks.late = restart  # called once, before the first batch reaches the sink
+        if self.model.target_exists(p.target):
+            self._publish(p.target, 5)  # new data: a batch for the restart to happen in
+        attempt = self._attempt(p, hooks)
+        STATS[f"restarted_run:{attempt.label}"] += 1
+        self._settle(p, attempt, None)
+        if not attempt.ok and attempt.retryable:  # as the orchestrator would: the retry
+            self._settle(p, self._attempt(p, Hooks()), None)

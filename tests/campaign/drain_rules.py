@@ -1,0 +1,121 @@
+"""The drain consumer's rule: AvailableNow drains through Airflow's `RabbitMQStreamDrainOperator` on a
+local SparkSession into Parquet, the checkpoint kept between runs (pipelines `c7@<target>`).
+
+A drain is the watermark protocol's other shape: Spark's checkpoint says where the next drain
+starts, the file sink's log (`_spark_metadata`) says which files are the output, and the consumer's
+stored offset follows the checkpoint. Every other rule reaches it too (publish, truncate, recreate,
+bind a partition, concurrent runs of its name), and the final check runs it.
+
+A user answers a refused drain as the error says: a checkpoint that read a stream since deleted and
+created again, or a new checkpoint into a folder another one wrote, is given up for a new
+checkpoint and a new output folder (a new *generation*). The new checkpoint starts at the consumer's
+stored offsets (its `consumerName`), so its output continues the old one's: the consumer's output is
+every generation's folder together, and exactly-once holds across them. Off in the in-suite budget
+(Spark costs seconds per run); on in `make campaign`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from airflow_rmqs.operators import RabbitMQStreamDrainOperator
+from tests.campaign.faults import Hooks
+from tests.campaign.harness import STATS, TARGETS
+from tests.campaign.model import PipelineModel, TargetModel
+from tests.campaign.runs import CONN_ID, Attempt, Row, parquet_rows
+from tests.campaign.spark_rules import SparkRules, spark_environment
+
+# What a refused drain says, and what its user does then (a new checkpoint and output folder).
+GIVE_UP = ("deleted and created again", "holds the file sink log of another streaming query")
+DRAIN_TIMEOUT_S = 300
+
+
+def execute_drain(
+    target: TargetModel,
+    pipeline: PipelineModel,
+    *,
+    checkpoint: Path,
+    output: Path,
+    started_seq: int,
+    fail_on_data_loss: bool = True,
+) -> Attempt:
+    """Run the drain operator once for `pipeline`; never raises what the run raised."""
+    where: dict[str, Any] = {"superstream": target.name} if target.superstream else {"stream": target.name}
+    attempt = Attempt("watermark", started_seq)
+    try:
+        attempt.summary = RabbitMQStreamDrainOperator(
+            task_id=f"campaign-{pipeline.consumer}",
+            rabbitmq_stream_conn_id=CONN_ID,
+            consumer_name=pipeline.consumer,
+            checkpoint_location=str(checkpoint),
+            output_path=str(output),
+            source_options={"failOnDataLoss": str(fail_on_data_loss).lower()},
+            spark_conf={"spark.ui.showConsoleProgress": "false"},
+            timeout=DRAIN_TIMEOUT_S,
+            **where,
+        ).execute({})
+    except BaseException as e:
+        attempt.error = e
+    return attempt
+
+
+class DrainRules(SparkRules):
+    """`drain` (see the module docstring); the drain consumer's tries and output."""
+
+    @precondition(lambda self: self.config.enabled("drain"))
+    @rule(to=st.sampled_from(TARGETS), new_checkpoint=st.sampled_from((False, False, False, True)))
+    def drain(self, to: str, new_checkpoint: bool) -> None:
+        """An AvailableNow drain of target `to` on the kept checkpoint, or on a new checkpoint into
+        the same folder (refused once the folder holds a log: the user then starts a generation)."""
+        if not self._step("drain"):
+            return
+        spark_environment()
+        key = f"c7@{to}"
+        if new_checkpoint:
+            self._drain_generation(key)[0] += 1
+        self._watermark_run(key)
+
+    def _drain_generation(self, key: str) -> list[int]:
+        """[checkpoint, output] generation numbers of `key` (a user's new checkpoint, new folder)."""
+        found: dict[str, list[int]] = self.__dict__.setdefault("_drain_generations", {})
+        return found.setdefault(key, [0, 0])
+
+    def _attempt(self, p: PipelineModel, hooks: Hooks, *, crash: str | None = None, **kw: Any) -> Attempt:
+        if p.engine != "drain":
+            return super()._attempt(p, hooks, crash=crash, **kw)
+        assert crash is None and hooks.fail_after is None and hooks.late is None, "drains take no faults"
+        strict = kw.pop("fail_on_data_loss", True)
+        assert not kw, f"a drain runs from its checkpoint only: {kw}"
+        name = p.key.replace("@", "-at-")
+        for _ in range(2):
+            cp, out = self._drain_generation(p.key)
+            attempt = execute_drain(
+                self._target(p),
+                p,
+                checkpoint=self.tmp / f"{name}-checkpoint-{cp}",
+                output=self.tmp / f"{name}-output-{out}",
+                started_seq=self.model.seq,
+                fail_on_data_loss=strict,
+            )
+            said = "" if attempt.error is None else str(attempt.error)
+            refused = next((w for w in GIVE_UP if w in said), None)
+            if refused is None:
+                return attempt
+            STATS[f"drain_refused:{refused}"] += 1
+            generation = self._drain_generation(p.key)
+            generation[:] = [generation[0] + 1, generation[1] + 1]  # as the error says: both new
+        return attempt
+
+    def _rows(self, p: PipelineModel) -> list[Row]:
+        """For the drain consumer: every generation's committed files together (its whole output)."""
+        if p.engine != "drain":
+            return super()._rows(p)
+        name = p.key.replace("@", "-at-")
+        rows: list[Row] = []
+        for folder in sorted(self.tmp.glob(f"{name}-output-*")):
+            rows.extend(parquet_rows(folder))
+        return rows

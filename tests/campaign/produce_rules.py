@@ -1,0 +1,129 @@
+"""Produce runs: `produce_run` publishes through Airflow's `RabbitMQStreamProduceOperator` with a
+producer name and a run identity, its producer function failing part way, a partition optionally
+bound to the super stream before the retry, and the same run retried until it succeeds.
+
+What must hold (issue 42, case 4; docs/failure-semantics.md "Writes with `producerName`"): every
+message of the run is in the target exactly once, in the partition hash routing over the first
+try's partition list chose (a retry keeps the first try's routing; a partition bound between tries
+gets none of the run's messages), whatever the failed try had stored. The messages are then in
+the model like any other publish: every consumer's invariants count them, so a message stored
+twice shows as a body at two offsets, one missing as a message the model cannot find.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from airflow_rmqs.plain_operators import RabbitMQStreamProduceOperator
+from tests.campaign.broker_faults import BrokerFaultRules
+from tests.campaign.broker_ops import partition_of, routing_key
+from tests.campaign.faults import SinkFailure
+from tests.campaign.harness import STATS, TARGETS
+from tests.campaign.invariants import Violation
+from tests.campaign.runs import CONN_ID
+
+MAX_TRIES = 3
+BATCH = 4  # messages per publish batch: a try failing after some batches has stored a few
+
+
+class ProduceRules(BrokerFaultRules):
+    """`produce_run` (see the module docstring)."""
+
+    _produce_runs = itertools.count()
+
+    @rule(
+        to=st.sampled_from(TARGETS),
+        n=st.integers(1, 40),
+        fail_at=st.one_of(st.none(), st.integers(0, 40)),
+        bind_between=st.booleans(),
+    )
+    def produce_run(self, to: str, n: int, fail_at: int | None, bind_between: bool) -> None:
+        """A produce run of `n` keyed messages whose producer function fails after `fail_at` of them
+        on its first try (None: never); with `bind_between`, the super stream gets its third
+        partition before the retry; retried under the same run identity until it succeeds."""
+        if not self._step("produce_run"):
+            return
+        if not self.model.target_exists(to):
+            return self._skip("produce-to-missing")
+        t = self.model.targets[to]
+        items = self.model.next_bodies(n)
+        first_partitions = list(t.partitions)
+        since = self.ops.tails(first_partitions)
+        identity = f"campaign-{self.uid}-{next(self._produce_runs)}"
+        began = int(time.time() * 1000) - 1
+        outcomes: list[str] = []
+        for attempt in range(MAX_TRIES):
+            failing = attempt == 0 and fail_at is not None and fail_at < n
+            error = self._produce_try(t.name, t.superstream, items, identity, fail_at if failing else None)
+            outcomes.append("ok" if error is None else type(error).__name__)
+            if error is None:
+                break
+            if not failing and not _retryable(error):
+                raise Violation(
+                    "d", f"a produce run to {t.name} failed untyped: {type(error).__name__}: {error}"
+                )
+            if attempt == 0 and bind_between and to == "ss" and len(t.partitions) == 2:
+                self.bind_partition()  # type: ignore[attr-defined]  # between the tries (machine.py)
+        else:
+            raise Violation(
+                "d", f"a produce run to {t.name} did not succeed in {MAX_TRIES} tries: {outcomes}"
+            )
+        STATS[f"produce:{'>'.join(outcomes)}"] += 1
+        window = (began, int(time.time() * 1000) + 1)
+        self.model.windows.append(window)
+        groups: dict[str, list[tuple[int, bytes]]] = {}
+        for seq, body in items:
+            dest = partition_of(seq, first_partitions) if t.superstream else t.name
+            groups.setdefault(dest, []).append((seq, body))
+        tails = self.ops.tails(groups)
+        for stream, group in groups.items():
+            try:
+                offsets = self.ops.offsets_of(stream, [b for _, b in group], tails[stream], since[stream])
+            except AssertionError as e:
+                raise Violation("produce", f"a produce run to {t.name} ({outcomes}): {e}") from None
+            self.model.record(stream, group, offsets, window)
+        self._touch(to)
+        STATS["messages"] += n
+
+    def _produce_try(
+        self,
+        target: str,
+        superstream: bool,
+        items: list[tuple[int, bytes]],
+        identity: str,
+        fail_at: int | None,
+    ) -> BaseException | None:
+        """One try of the produce task; what it raised (None: it succeeded)."""
+
+        def messages() -> Iterator[dict[str, Any]]:
+            for i, (seq, body) in enumerate(items):
+                if i == fail_at:
+                    raise SinkFailure(f"the producer function failed after {i} messages (injected)")
+                yield {"value": body, "routing_key": routing_key(seq)}
+
+        where: dict[str, Any] = {"superstream": target} if superstream else {"stream": target}
+        try:
+            RabbitMQStreamProduceOperator(
+                task_id="campaign-produce",
+                rabbitmq_stream_conn_id=CONN_ID,
+                producer_function=messages,
+                producer_name="campaign-producer",
+                run_identity=identity,
+                batch_size=BATCH,
+                **where,
+            ).execute({})
+        except Exception as e:
+            return e
+        return None
+
+
+def _retryable(error: BaseException) -> bool:
+    from pyspark_rmqs.errors import classify
+
+    return isinstance(error, Exception) and classify(error).retryable
