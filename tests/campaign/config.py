@@ -88,6 +88,8 @@ OPERATIONS = (
     "drain",
     "broker_restart",
     "produce_run",
+    "dagster_ranges",
+    "dagster_window",
 )
 
 
@@ -161,6 +163,6 @@ class CampaignConfig:
 # probe: every end in the future, most ends just past). Without `spark_run` the Spark consumer
 # (harness.SPARK_PIPELINES) does not exist at all.
 SLOW_OPERATIONS = frozenset(
-    {"run_killed", "spark_run", "drain", "broker_restart", "timed_run", "backfill_by_time"}
+    {"run_killed", "spark_run", "drain", "broker_restart", "timed_run", "backfill_by_time", "dagster_window"}
 )
 SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), disabled=SLOW_OPERATIONS, initial_messages=2)

@@ -76,9 +76,19 @@ class DagsterRuns:
             fail_on_data_loss=not lenient,
             **where,
         )
-        attempt = Attempt("watermark", started_seq)
+        return self.materialize(asset, name, Attempt("watermark", started_seq))
+
+    def materialize(
+        self, asset: Any, name: str, attempt: Attempt, partition_key: str | None = None
+    ) -> Attempt:
+        """Materialize `asset` (node `name`, one partition key or none) into `attempt`: its metadata as
+        the summary, or the innermost cause of the step's failure as a `DagsterStepError`."""
         result = materialize(
-            [asset], resources={"rabbitmq": self.resource}, instance=self.instance, raise_on_error=False
+            [asset],
+            resources={"rabbitmq": self.resource},
+            instance=self.instance,
+            partition_key=partition_key,
+            raise_on_error=False,
         )
         if result.success:
             (m,) = result.asset_materializations_for_node(name)

@@ -8,7 +8,7 @@
 - Late data: messages published while the run is inside its sink (after its range was fixed).
 - A gate: the sink blocks on its first batch until released, so a second run can start meanwhile.
 - A local clock ahead of or behind the broker's (`local_clock`): what a run reads as "now" to decide
-  whether a time end has passed (`steps.datetime`, the run's one use of the local clock there).
+  whether a time end has passed (`steps.datetime`; Dagster's windows: `factories.datetime`).
 
 Every patch is process-wide and undone on exit; the Parquet sink's `write` is patched once with a
 dispatcher that finds the hooks of the thread calling it, so two runs in two threads each meet
@@ -203,6 +203,8 @@ def local_clock(skew_ms: int) -> Iterator[None]:
         return
     from datetime import datetime, timedelta, tzinfo
 
+    from dagster_rmqs import factories
+
     real = steps.datetime
 
     class Skewed(datetime):
@@ -210,8 +212,8 @@ def local_clock(skew_ms: int) -> Iterator[None]:
         def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
             return real.now(tz) + timedelta(milliseconds=skew_ms)
 
-    steps.datetime = Skewed  # type: ignore[misc]
+    steps.datetime = factories.datetime = Skewed  # type: ignore[misc]
     try:
         yield
     finally:
-        steps.datetime = real  # type: ignore[misc]
+        steps.datetime = factories.datetime = real  # type: ignore[misc]
