@@ -148,6 +148,7 @@ bench: prepare
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.history
+	$(PY) -m bench.runs_stream
 	$(PY) -m bench.available_now
 	$(PY) -m bench.available_now --messages 5000000
 	$(PY) -m bench.orchestration --partitions 50

@@ -117,8 +117,8 @@ class Snapshot:
     @property
     def files(self) -> list[str]:
         """Every committed file, each once (a run never asks: only readers parse the file lists)."""
-        for chunk in self._unparsed:
-            self._files.update(dict.fromkeys(str(f) for f in json.loads(chunk)))
+        for chunk in self._unparsed:  # written by `to_bytes`: a list of strings
+            self._files.update(dict.fromkeys(json.loads(chunk)))
         self._unparsed.clear()
         return list(self._files)
 
