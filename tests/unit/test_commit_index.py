@@ -11,11 +11,13 @@ that a late retry of any run still finds its record (or, once expired, its whole
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,8 +288,6 @@ def test_expire_keeps_what_a_late_retry_and_a_reader_need(tmp_path: Path) -> Non
 
 
 def test_rmqs_commits_expire_on_a_folder(tmp_path: Path) -> None:
-    import json
-
     from typer.testing import CliRunner
 
     from pyspark_rmqs.cli.app import app
@@ -311,3 +311,48 @@ def test_rmqs_commits_expire_on_a_folder(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "a number and a unit" in bad.output
     empty = cli.invoke(app, ["commits", "expire", str(tmp_path / "nothing"), "--older-than", "1d"])
     assert empty.exit_code == 1 and "no commit records" in empty.output
+
+
+@pytest.mark.parametrize("through", ["pyarrow", "fsspec"])
+def test_on_an_object_store_the_listed_prefix_stays_bounded_and_expire_keeps_late_retries(
+    s3: Any, through: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's S3 server: records archived by copy then delete, a compaction killed between its
+    index write and its moves, a late retry of an archived run, `rmqs commits expire` on `s3://`."""
+    from typer.testing import CliRunner
+
+    from pyspark_rmqs.cli.app import app
+    from pyspark_rmqs.runs.outputs.delivery import StoreCommits
+    from pyspark_rmqs.runs.outputs.objectstore import locate
+
+    bucket = s3.new_bucket("commits")
+    out = f"s3://{bucket}/orders"
+    if through == "pyarrow":
+        where = locate(out, filesystem=s3.pyarrow_fs())
+    else:
+        where = locate(out, storage_options=s3.storage_options())
+    commits = StoreCommits(where)
+    runs = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(20)]
+    for t in runs[:17]:
+        commits.commit(t, [_file(t)], 10, 1)
+    listed = [k for k in s3.keys(bucket, "orders/_rmqs_commits/") if k.count("/") == 2 and k[-1] != "/"]
+    assert len(listed) == 1, listed  # 16 folded and archived, the 17th listed
+    for t in runs[17:]:  # two more, then a compaction killed after its index write
+        commits.commit(t, [_file(t)], 10, 1)
+    try:
+        commit_index.compact(FaultyFolder(commits.folder(), "move", 2), every=1)  # type: ignore[arg-type]
+    except Killed:
+        pass
+    answer = committed_files(out, storage_options=s3.storage_options())
+    assert answer == sorted(f"{bucket}/orders/{_file(t)}" for t in runs)
+    assert commits.record(runs[0]) is not None  # a late retry of an archived run finds its record
+    assert covers(commits.committed_spans(RunToken("c", {"s": (0, 200)})), {"s": (0, 200)})
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    done = CliRunner().invoke(app, ["commits", "expire", out, "--older-than", "0s", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["expired"] == 20
+    assert commits.record(runs[0]) is None and covers(commits.committed_spans(runs[0]), runs[0].ranges)
+    assert committed_files(out, storage_options=s3.storage_options()) == answer
+    kept = [k for k in s3.keys(bucket, "orders/_rmqs_commits/") if not k.endswith("/")]  # not markers
+    assert len(kept) == 2 and "/_index/" in kept[1] and "/_archive/_expired-" in kept[0], kept
