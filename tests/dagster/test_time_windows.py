@@ -362,3 +362,27 @@ def test_keep_only_leaves_one_run_in_a_window_folder_and_keys_are_escaped_as_spa
     keep_only(folder, RunToken("c", {}))  # a window with nothing to read: replaced by nothing
     assert sorted(p.name for p in root.iterdir()) == ["_rmqs_commits", "_rmqs_staging"]
     assert not list((root / "_rmqs_commits").iterdir())
+
+
+def test_keep_only_keeps_the_run_s_own_record_when_a_compaction_archived_it(tmp_path: Path) -> None:
+    """A window folder's records compacted (issue 47: the index and `_archive/`) before the
+    replacement: the run's own record is listed again, the other run's record, the index and the
+    archive go, and the folder reads as the run alone."""
+    from dagster_rmqs.windows import keep_only
+    from pyspark_rmqs.runs.outputs import commit_index
+    from pyspark_rmqs.runs.outputs.committed import committed_files
+    from pyspark_rmqs.runs.outputs.delivery import COMMITS, FileCommits, RunToken
+
+    commits = FileCommits(str(tmp_path))
+    old, new = RunToken("c", {"s": (0, 30)}), RunToken("c", {"s": (0, 50)})
+    for token in (old, new):
+        part = tmp_path / f"rmqs_run={token.value}" / "part-0.parquet"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(b"x")
+        commits.commit(token, [str(part.relative_to(tmp_path))], 1, 1)
+    commit_index.compact(commits, every=1)
+    assert sorted(commits.list_names()) == [commit_index.ARCHIVE_DIR, commit_index.INDEX_DIR]
+    keep_only(str(tmp_path), new)
+    assert sorted(p.name for p in (tmp_path / COMMITS).iterdir()) == [f"{new.value}.json"]
+    assert commits.record(new) is not None and commits.record(old) is None
+    assert committed_files(str(tmp_path)) == [str(tmp_path / f"rmqs_run={new.value}" / "part-0.parquet")]
