@@ -90,6 +90,7 @@ OPERATIONS = (
     "produce_run",
     "dagster_ranges",
     "dagster_window",
+    "iceberg_run",
 )
 
 
@@ -163,6 +164,15 @@ class CampaignConfig:
 # probe: every end in the future, most ends just past). Without `spark_run` the Spark consumer
 # (harness.SPARK_PIPELINES) does not exist at all.
 SLOW_OPERATIONS = frozenset(
-    {"run_killed", "spark_run", "drain", "broker_restart", "timed_run", "backfill_by_time", "dagster_window"}
+    {
+        "run_killed",
+        "spark_run",
+        "drain",
+        "broker_restart",
+        "timed_run",
+        "backfill_by_time",
+        "dagster_window",
+        "iceberg_run",
+    }
 )
 SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), disabled=SLOW_OPERATIONS, initial_messages=2)

@@ -69,14 +69,7 @@ class DagsterRules(ProduceRules):
         definition = offset_range_partitions(f"campaign_ranges_{self.uid}_{n}")
         name = f"campaign_ranges_{to}_{n}"
         output = self.tmp / name
-        asset = build_stream_asset(
-            name,
-            consumer_name=WINDOW_CONSUMER,
-            output_path=str(output),
-            engine="arrow",
-            partitions_def=definition,
-            **self._where(to),
-        )
+        asset = self._asset(name, output, to, definition)
         keys = [offset_range_key(s, a, b) for s, (a, b) in ranges.items()]
         assert definition.name is not None
         self.dagster.instance.add_dynamic_partitions(definition.name, keys)
@@ -143,15 +136,7 @@ class DagsterRules(ProduceRules):
                 end_offset=1,
             )
             output = self.tmp / name
-            asset = build_stream_asset(
-                name,
-                consumer_name=WINDOW_CONSUMER,
-                output_path=str(output),
-                engine="arrow",
-                partitions_def=definition,
-                **self._where(to),
-            )
-            windows[to] = (name, asset, output)
+            windows[to] = (name, self._asset(name, output, to, definition), output)
         name, asset, output = windows[to]
         STATS[f"clock_skew:{skew}"] += 1
         with local_clock(skew):
@@ -173,9 +158,18 @@ class DagsterRules(ProduceRules):
         """When this sequence began, by the wall clock (the windows' first partition is before it)."""
         return time.time() - (time.monotonic() - self._created)
 
-    def _where(self, to: str) -> dict[str, Any]:
+    def _asset(self, name: str, output: Path, to: str, definition: Any) -> Any:
+        """A partitioned arrow-engine asset of target `to` into `output`."""
         t = self.model.targets[to]
-        return {"superstream": t.name} if t.superstream else {"stream": t.name}
+        where: dict[str, Any] = {"superstream": t.name} if t.superstream else {"stream": t.name}
+        return build_stream_asset(
+            name,
+            consumer_name=WINDOW_CONSUMER,
+            output_path=str(output),
+            engine="arrow",
+            partitions_def=definition,
+            **where,
+        )
 
     def _check_window(
         self, target: str, key: str, output: Path, start: datetime, end: datetime, messages: list[Message]

@@ -25,6 +25,7 @@ from typing import Any
 
 from pyspark_rmqs.runs import consume, steps
 from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 from pyspark_rmqs.runs.watermarks import store_watermarks
 
 # How far the run's local clock is from the broker's (ms): a worker's clock two minutes ahead or behind.
@@ -81,33 +82,40 @@ class Hooks:
 
 
 _hooks_by_thread: dict[int, Hooks] = {}
-_real_parquet_write = consume.ParquetSink.write
+# The file and table sinks of the Spark-free path, and their own `write`.
+_SINKS: tuple[Any, ...] = (consume.ParquetSink, IcebergSink)
+_real_writes = {sink: sink.write for sink in _SINKS}
 
 
-def _dispatching_write(self: consume.ParquetSink, batch: Any) -> None:
-    hooks = _hooks_by_thread.get(threading.get_ident())
-    if hooks is None:
-        _real_parquet_write(self, batch)
-        return
-    hooks.before(batch)
-    try:
-        _real_parquet_write(self, batch)
-    finally:
-        hooks.after()
+def _dispatching(real: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def write(self: Any, batch: Any) -> None:
+        hooks = _hooks_by_thread.get(threading.get_ident())
+        if hooks is None:
+            real(self, batch)
+            return
+        hooks.before(batch)
+        try:
+            real(self, batch)
+        finally:
+            hooks.after()
+
+    return write
 
 
 @contextlib.contextmanager
 def sink_hooks(hooks: Hooks) -> Iterator[Hooks]:
-    """`hooks` apply to the Parquet sinks this thread writes through while inside."""
+    """`hooks` apply to the Parquet and Iceberg sinks this thread writes through while inside."""
     ident = threading.get_ident()
     _hooks_by_thread[ident] = hooks
-    consume.ParquetSink.write = _dispatching_write  # type: ignore[method-assign]
+    for sink in _SINKS:
+        sink.write = _dispatching(_real_writes[sink])
     try:
         yield hooks
     finally:
         _hooks_by_thread.pop(ident, None)
         if not _hooks_by_thread:
-            consume.ParquetSink.write = _real_parquet_write  # type: ignore[method-assign]
+            for sink in _SINKS:
+                sink.write = _real_writes[sink]
 
 
 def function_sink(hooks: Hooks, out: list[tuple[bytes, str, int]]) -> Callable[[Any], None]:

@@ -44,7 +44,7 @@ from tests.campaign.invariants import (
     check_watermarks,
 )
 from tests.campaign.model import Model, PipelineModel, TargetModel
-from tests.campaign.runs import Attempt, Row, execute, parquet_rows, use_broker
+from tests.campaign.runs import Attempt, Row, execute, iceberg_rows, parquet_rows, use_broker
 from tests.support.broker import RESTARTABLE, settings_from_env
 
 TARGETS = ("a", "b", "ss")
@@ -66,6 +66,10 @@ SPARK_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in SPARK_CONSUMERS)
 # (drain_rules.py); only where the `drain` rule is enabled.
 DRAIN_CONSUMERS = {"c7": ("drain", "parquet", "earliest")}
 DRAIN_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in DRAIN_CONSUMERS)
+# The Iceberg consumer: the Airflow consume operator into an Iceberg table (pyiceberg, SQL catalog),
+# exactly-once by the run's token in the table's snapshots; only where `iceberg_run` is enabled.
+ICEBERG_CONSUMERS = {"c8": ("airflow", "iceberg", "earliest")}
+ICEBERG_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in ICEBERG_CONSUMERS)
 AIRFLOW_PIPELINES = tuple(k for k in PIPELINES if CONSUMERS[k.split("@")[0]][0] == "airflow")
 STREAM_KEYS = ("a", "b", "ss-0", "ss-1", "ss-2")
 FINAL_MESSAGES = 3  # per partition, published before the final runs
@@ -120,9 +124,11 @@ class CampaignBase(RuleBasedStateMachine):
         self.model.add_target("ss", ss, self.ops.create_super_stream(ss, 2), superstream=True)
         spark = SPARK_PIPELINES if self.config.enabled("spark_run") else ()
         drains = DRAIN_PIPELINES if self.config.enabled("drain") else ()
-        for key in (*PIPELINES, *spark, *drains):
+        tables = ICEBERG_PIPELINES if self.config.enabled("iceberg_run") else ()
+        every = {**CONSUMERS, **SPARK_CONSUMERS, **DRAIN_CONSUMERS, **ICEBERG_CONSUMERS}
+        for key in (*PIPELINES, *spark, *drains, *tables):
             consumer, target = key.split("@")
-            engine, sink, starting = {**CONSUMERS, **SPARK_CONSUMERS, **DRAIN_CONSUMERS}[consumer]
+            engine, sink, starting = every[consumer]
             self.model.pipelines[key] = PipelineModel(key, consumer, target, sink, starting, engine)
             self.rows[key] = []
         for target in TARGETS if self.config.initial_messages else ():
@@ -161,9 +167,20 @@ class CampaignBase(RuleBasedStateMachine):
         if not p.exactly_once:
             return None
         name = p.key.replace("@", "-at-")
+        if p.sink == "iceberg":  # a table in the sequence's catalog (`iceberg_catalog`)
+            return f"campaign.{name.replace('-', '_')}"
         if self.bucket is not None and p.engine == "airflow":
             return f"s3://{self.bucket}/{name}"
         return self.tmp / name
+
+    @property
+    def iceberg_catalog(self) -> dict[str, str]:
+        """The sequence's pyiceberg catalog (SQL on SQLite, a local warehouse) for the Iceberg consumer."""
+        return {
+            "type": "sql",
+            "uri": f"sqlite:///{self.tmp}/iceberg.db",
+            "warehouse": f"file://{self.tmp}/warehouse",
+        }
 
     def _touch(self, target: str) -> None:
         self.dirty.update(p.key for p in self.model.pipelines_of(target))
@@ -238,6 +255,8 @@ class CampaignBase(RuleBasedStateMachine):
                 return self.dagster.execute(
                     self._target(p), p, output=output, started_seq=self.model.seq, lenient=lenient
                 )
+            if p.sink == "iceberg":
+                kw["iceberg_catalog"] = self.iceberg_catalog
             return execute(
                 self._target(p),
                 p,
@@ -426,6 +445,8 @@ class CampaignBase(RuleBasedStateMachine):
     def _rows(self, p: PipelineModel) -> list[Row]:
         """What `p`'s output holds: the function sink's list, or the committed Parquet files."""
         output = self._output(p)
+        if p.sink == "iceberg":
+            return iceberg_rows(self.iceberg_catalog, str(output))
         return self.rows[p.key] if output is None else parquet_rows(output)
 
     def _cleanup(self) -> None:

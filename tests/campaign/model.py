@@ -70,7 +70,7 @@ class PipelineModel:
     key: str
     consumer: str
     target: str
-    sink: str  # "fn": at-least-once function sink; "parquet": exactly-once Parquet folder
+    sink: str  # "fn": at-least-once function sink; "parquet" / "iceberg": an exactly-once folder / table
     starting: str  # "earliest" | "latest"
     engine: str = "airflow"  # "airflow": the consume operator; "dagster": an arrow-engine asset;
     # "spark": the Airflow Spark read operator
@@ -90,7 +90,7 @@ class PipelineModel:
 
     @property
     def exactly_once(self) -> bool:
-        return self.sink == "parquet"
+        return self.sink in ("parquet", "iceberg")
 
 
 class Model:

@@ -141,13 +141,17 @@ def execute(
     store_watermark: bool | None = None,
     max_messages: int | None = None,
     fail_on_data_loss: bool = True,
+    iceberg_catalog: dict[str, str] | None = None,
 ) -> Attempt:
-    """Run the consume operator once for `pipeline`; never raises what the run raised."""
+    """Run the consume operator once for `pipeline`; never raises what the run raised (`output`: a
+    folder, or an Iceberg table in `iceberg_catalog` for the Iceberg consumer)."""
     where: dict[str, Any] = {"superstream": target.name} if target.superstream else {"stream": target.name}
     sink: dict[str, Any] = (
         sink_options(str(output)) if output is not None else {"apply_function": function_sink(hooks, rows)}
     )
     attempt = Attempt(kind, started_seq, rows=rows)
+    if pipeline.sink == "iceberg":
+        sink = {"output_path": str(output), "output_format": "iceberg", "iceberg_catalog": iceberg_catalog}
     if pipeline.engine == "spark":
         assert output is not None, "the Spark consumer writes an exactly-once Parquet folder"
         # No console progress bars between the runner's lines (read when the session starts).
@@ -181,16 +185,7 @@ def parquet_rows(path: Path | str) -> list[Row]:
         return []
     if not committed_files(str(path), storage_options=options):
         return []
-    t = committed_dataset(str(path), storage_options=options).to_table(columns=["value", "stream", "offset"])
-    return [
-        (bytes(v), s, int(o))
-        for v, s, o in zip(
-            t.column("value").to_pylist(),
-            t.column("stream").to_pylist(),
-            t.column("offset").to_pylist(),
-            strict=True,
-        )
-    ]
+    return table_rows(committed_dataset(str(path), storage_options=options).to_table(columns=list(COLUMNS)))
 
 
 def is_typed(error: BaseException) -> bool:
@@ -198,3 +193,25 @@ def is_typed(error: BaseException) -> bool:
     if isinstance(error, RmqsError):
         return True
     return isinstance(error, Exception) and classify(error).error is not None
+
+
+def iceberg_rows(catalog: dict[str, str], table: str) -> list[Row]:
+    """Every (body, stream, offset) in an Iceberg table (its current snapshot), repeats kept."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        found = load_catalog(catalog.get("name", "rmqs"), **catalog).load_table(table)  # as IcebergSink
+    except NoSuchTableError:
+        return []
+    return table_rows(found.scan(selected_fields=COLUMNS).to_arrow())
+
+
+COLUMNS = ("value", "stream", "offset")
+
+
+def table_rows(t: Any) -> list[Row]:
+    """(body, stream, offset) of every row of an Arrow table with `COLUMNS`."""
+    return [
+        (bytes(v), s, int(o)) for v, s, o in zip(*(t.column(c).to_pylist() for c in COLUMNS), strict=True)
+    ]

@@ -15,7 +15,7 @@ import os
 import sys
 
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from tests.campaign.faults import CRASH_POINTS
 from tests.campaign.harness import TARGETS
@@ -46,5 +46,24 @@ class SparkRules(KilledRules):
         spark_environment()
         key = f"c6@{to}"
         first = self._watermark_run(key, crash=crash)
+        if retry and first is not None and not first.ok:
+            self._watermark_run(key)
+
+    @precondition(lambda self: self.config.enabled("iceberg_run"))
+    @rule(
+        to=st.sampled_from(TARGETS),
+        fault=st.sampled_from((None, "sink:0", "sink:1", *CRASH_POINTS)),
+        retry=st.booleans(),
+    )
+    def iceberg_run(self, to: str, fault: str | None, retry: bool) -> None:
+        """A watermark run of the Iceberg consumer on target `to` (the Airflow consume operator into
+        an Iceberg table); its sink failing before batch 0 or 1 (`sink:k`), or its process dying at a
+        protocol step (`CRASH_POINTS`); with `retry` it runs again at once."""
+        if not self._step("iceberg_run"):
+            return
+        key = f"c8@{to}"
+        fail_after = int(fault.split(":")[1]) if fault and fault.startswith("sink:") else None
+        crash = fault if fault in CRASH_POINTS else None
+        first = self._watermark_run(key, fail_after=fail_after, crash=crash)
         if retry and first is not None and not first.ok:
             self._watermark_run(key)

@@ -224,3 +224,26 @@ def test_a_resumed_range_retention_overtook_stores_its_end_without_a_conflict(
     if not attempt.ok and not attempt.retryable:
         raise Violation("e", f"a run of c5@a with no other run of c5 failed for good: {attempt.describe()}")
     state.teardown()
+
+
+def test_an_iceberg_run_committed_then_killed_whose_partition_is_recreated_writes_no_range_twice(
+    broker: BrokerSettings,
+) -> None:
+    """Invariant (b), found by the campaign's Iceberg consumer (seeds 23 and 1835206980, shrunk): a
+    run into Iceberg on a super stream commits its append and dies before its record says
+    `delivered`; one partition is deleted and created again; the next run cannot resume that record
+    (its marker no longer matches the partition) and plans anew from the old watermark: the table
+    recognised only the dead run's exact token, so the other partitions' ranges were appended a
+    second time (15 messages twice). The sink now recognises committed spans per partition range, as
+    the Parquet commits do."""
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS - {"iceberg_run"}))()
+    try:
+        steps(
+            machine,
+            ("bind_partition", {}),
+            ("publish", {"to": "ss", "n": 30}),
+            ("iceberg_run", {"to": "ss", "fault": "before_delivered", "retry": False}),
+            ("recreate", {"stream": "ss-2"}),
+        )
+    finally:
+        machine._cleanup()

@@ -295,8 +295,11 @@ def _run_consume(
     per_stream: dict[str, int] = {}
     lost: dict[str, list[int]] = {}
     record = commits.record(token) if commits is not None and not plan.is_empty else None
-    skip = commits is not None and record is None and getattr(target, "skip_committed", True)
-    done = commits.committed_spans(token) if skip and commits is not None else {}
+    # Ranges earlier runs of the consumer committed to the output (Parquet commits, or the sink's own:
+    # Iceberg's snapshots), recognised per partition range: only the rest is written.
+    spans_of = commits.committed_spans if commits is not None else getattr(target, "committed_spans", None)
+    skip = spans_of is not None and record is None and getattr(target, "skip_committed", True)
+    done = spans_of(token) if skip and spans_of is not None else {}
     if done:  # earlier runs of this consumer committed part of the range here: only the rest is written
         log.info("the output already holds %s of consumer '%s': not written again", done, plan.consumer)
         summary.extra["already_committed"] = {st: [list(x) for x in v] for st, v in done.items()}

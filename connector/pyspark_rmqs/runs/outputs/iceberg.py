@@ -8,6 +8,14 @@ watermark store) is recognised from the table itself and not appended again. Dat
 died before its commit are never referenced by a snapshot, so readers never see them (Iceberg's
 orphan-file cleanup removes them).
 
+Committed ranges are recognised per partition range too (`committed_spans`), not only by the exact
+token, as the Parquet commits are: a run that committed and then died before its record said
+`delivered`, whose record cannot be resumed (a partition deleted and created again meanwhile: its
+marker no longer matches), is followed by a run planned anew from the old watermark whose ranges
+overlap what the table holds. Only the rest is appended (the campaign found 15 messages appended
+twice). Each snapshot names its consumer and the streams' incarnations for that; snapshots written
+before they did are recognised by their exact token only.
+
 The table is created from the source schema on first use. Memory stays bounded: rows are buffered
 up to `flush_rows` and appended to the open transaction, never collected per range.
 `pip install "rmqs[iceberg]"` brings pyiceberg with its SQL catalog; any pyiceberg catalog works.
@@ -22,6 +30,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.core.errors import ConfigurationError
+from pyspark_rmqs.runs.incarnation import UNMARKED
+from pyspark_rmqs.runs.incarnation import same as same_incarnation
 from pyspark_rmqs.runs.outputs.delivery import RunToken
 
 if TYPE_CHECKING:
@@ -31,6 +41,8 @@ log = logging.getLogger(__name__)
 
 TOKEN_PROPERTY = "rmqs.token"
 RANGES_PROPERTY = "rmqs.ranges"
+CONSUMER_PROPERTY = "rmqs.consumer"
+INCARNATIONS_PROPERTY = "rmqs.incarnations"
 
 
 def last_run_property(consumer: str | None) -> str:
@@ -87,6 +99,29 @@ class IcebergSink:
             for s in table.metadata.snapshots
         )
 
+    def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
+        """Per stream, the spans of `token`'s ranges that committed runs of its consumer appended to
+        the table (on the same stream incarnation), merged."""
+        table = self._load(create=False)
+        if table is None:
+            return {}
+        found: dict[str, list[tuple[int, int]]] = {}
+        for snap in table.metadata.snapshots:
+            props = snap.summary.additional_properties if snap.summary is not None else {}
+            if CONSUMER_PROPERTY not in props or props[CONSUMER_PROPERTY] != (token.consumer or ""):
+                continue
+            incarnations = json.loads(props.get(INCARNATIONS_PROPERTY) or "{}")
+            for stream, (a, b) in json.loads(props.get(RANGES_PROPERTY) or "{}").items():
+                if stream not in token.ranges:
+                    continue
+                ours = int(token.incarnations.get(stream) or UNMARKED)
+                if not same_incarnation(int(incarnations.get(stream) or UNMARKED), ours):
+                    continue
+                lo, hi = token.ranges[stream]
+                if max(lo, a) < min(hi, b):
+                    found.setdefault(stream, []).append((max(lo, a), min(hi, b)))
+        return {stream: _merged(spans) for stream, spans in found.items()}
+
     def begin_run(self, token: RunToken) -> None:
         self._token = token
 
@@ -129,6 +164,8 @@ class IcebergSink:
         props = {
             TOKEN_PROPERTY: self._token.value,
             RANGES_PROPERTY: json.dumps(self._token.to_dict()["ranges"], sort_keys=True),
+            CONSUMER_PROPERTY: self._token.consumer or "",
+            INCARNATIONS_PROPERTY: json.dumps(dict(self._token.incarnations), sort_keys=True),
         }
         self._tx.append(pa.Table.from_batches(self._buffer), snapshot_properties=props)
         self._buffer, self._buffered = [], 0
@@ -152,3 +189,13 @@ class IcebergSink:
             log.info("creating Iceberg table %s from the source schema", self.identifier)
             self._table = self.catalog.create_table(self.identifier, schema=schema)
         return self._table
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
