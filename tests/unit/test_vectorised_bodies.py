@@ -4,6 +4,9 @@ gather per batch (`chunks.VECTORISED`, with numpy) and `chunk_bodies` record by 
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,6 +18,8 @@ from pyspark_rmqs.core.batches import BatchBuilder
 from pyspark_rmqs.core.chunks import sub_entry
 from pyspark_rmqs.core.codec import encode
 from pyspark_rmqs.core.errors import DataError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def entry(m: bytes) -> bytes:
@@ -105,3 +110,37 @@ def test_a_corrupt_chunk_fails_both_ways(vectorised_path: bool) -> None:
     flagged = chunks.CorruptChunkData(entry(encode(b"ok")), "CRC-32 mismatch")
     with pytest.raises(DataError, match="CRC-32"):
         build([(flagged, 1, 0, 1)], vectorised_path, 10)
+
+
+@given(st.lists(st.binary(max_size=50), max_size=30))
+def test_binary_array_is_pa_array(values: list[bytes]) -> None:
+    want = pa.array(values, pa.binary())
+    numpy = chunks._np
+    try:
+        for np_module in (numpy, None):  # with numpy's running sum and without
+            chunks._np = np_module
+            got = chunks.binary_array(values)
+            assert got.type == pa.binary() and got.equals(want)
+    finally:
+        chunks._np = numpy
+
+
+def test_the_fixed_columns_import_no_pandas() -> None:
+    """pyarrow imports pandas (0.6-0.7 s) on a process's first `pa.array`: a batch of the fixed
+    columns, on either path, is built from buffers, so a task or a Spark Python worker never pays it."""
+    code = """
+import sys
+from tests.unit.test_vectorised_bodies import build, chunk_of
+from pyspark_rmqs.core.codec import encode
+assert "pandas" not in sys.modules, "imported before the read"
+simple, n = chunk_of([encode(b"a" * 10), encode(b"b" * 20)], False)  # the vectorised gather
+other, m = chunk_of([encode(b"c" * 300), b"not amqp"], False)  # record by record
+for vectorised in (True, False):
+    for chunk_list in ([(simple, n, 0, n)], [(other, m, 0, m)], [(simple, n, 0, n), (other, m, 0, m)]):
+        (batch,) = build(chunk_list, vectorised, 100)
+        assert batch.num_rows == sum(x[3] for x in chunk_list)
+print("pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -121,12 +121,12 @@ class BatchBuilder:
             if spans:
                 parts.append(chunks.bodies_array(spans))
                 spans = []
-            parts.append(pa.array(piece, pa.binary()))
+            parts.append(chunks.binary_array(piece))
         if spans:
             parts.append(chunks.bodies_array(spans))
         if len(parts) == 1:
             return parts[0]
-        return pa.concat_arrays(parts) if parts else pa.array([], pa.binary())
+        return pa.concat_arrays(parts) if parts else chunks.binary_array([])
 
     def _ordered(self) -> list[str]:
         return [f.name for f in self.schema][4:]

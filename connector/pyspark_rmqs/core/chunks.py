@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 from pyspark_rmqs.core.codec import bodies
@@ -321,8 +323,6 @@ def bodies_array(pieces: Sequence[tuple[bytes, list[int]]]) -> Any:
     C-level gather of the bodies; a batch with any other record takes the per-record path for all
     its records. Without numpy, the per-record path. Both give the same bodies as `chunk_bodies`.
     """
-    import pyarrow as pa
-
     if _np is not None and pieces:
         out = _bodies_numpy(pieces)
         if out is not None:
@@ -330,7 +330,32 @@ def bodies_array(pieces: Sequence[tuple[bytes, list[int]]]) -> Any:
     values: list[bytes] = []
     for data, spans in pieces:
         values.extend(_span_bodies(data, spans))
-    return pa.array(values, pa.binary())
+    return binary_array(values)
+
+
+_BINARY_LIMIT = 2**31 - 1  # int32 offsets: past that, pa.array (a chunked or large result)
+
+
+def binary_array(values: Sequence[bytes]) -> Any:
+    """`pa.array(values, pa.binary())` built from buffers: the same array, without pandas.
+
+    pyarrow imports pandas, when it is installed, on its first `pa.array` (and `pa.scalar`,
+    `to_numpy`) call in a process: 0.6-0.7 s once per process, paid by every Spark-free task and
+    every new Spark Python worker that reads; the read path builds its columns from buffers instead.
+    """
+    import pyarrow as pa
+
+    data = b"".join(values)
+    n = len(values)
+    if len(data) > _BINARY_LIMIT:
+        return pa.array(values, pa.binary())
+    offsets: Any
+    if _np is not None:  # half the time of the pure-Python running sum; pa.array's is half again
+        offsets = _np.zeros(n + 1, _np.int32)
+        _np.cumsum(_np.fromiter(map(len, values), _np.int32, count=n), out=offsets[1:])
+    else:
+        offsets = array("i", accumulate(map(len, values), initial=0))
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _span_bodies(data: bytes, spans: list[int]) -> list[bytes]:
@@ -372,7 +397,7 @@ def _bodies_numpy(pieces: Sequence[tuple[bytes, list[int]]]) -> Any:
         starts, ends = np.concatenate(s_parts), np.concatenate(e_parts)
     m = len(starts)
     if not m:
-        return pa.array([], pa.binary())
+        return binary_array([])
     u8 = np.frombuffer(big, np.uint8)
     last = len(u8) - 1
     size = ends - starts - 4
@@ -389,7 +414,10 @@ def _bodies_numpy(pieces: Sequence[tuple[bytes, list[int]]]) -> Any:
     spread = pa.Array.from_buffers(
         pa.large_binary(), 2 * m - 1, [None, pa.py_buffer(offsets), pa.py_buffer(big)]
     )
-    return pc.take(spread, pa.array(np.arange(0, 2 * m, 2))).cast(pa.binary())
+    # The indices from buffers, not `pa.array(ndarray)`: pyarrow imports pandas on a `pa.array` call
+    # when pandas is installed (0.6-0.7 s, once per process: every task process and Python worker).
+    take = pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(np.arange(0, 2 * m, 2, dtype=np.int64))])
+    return pc.take(spread, take).cast(pa.binary())
 
 
 # --------------------------------------------------------------------------- writing
