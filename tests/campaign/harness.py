@@ -108,6 +108,7 @@ class CampaignBase(RuleBasedStateMachine):
         self._cleaned = False
         self._created = time.monotonic()
         self._steps = 0
+        self._per_rule: Counter[str] = Counter()
         self.trail: list[str] = []  # the rules called, as hypothesis prints them (machine._traced)
         self.names: dict[str, str] = {}
         self.bucket = object_store.server().new_bucket("camp") if self.config.outputs == "s3" else None
@@ -145,9 +146,14 @@ class CampaignBase(RuleBasedStateMachine):
             STATS[f"disabled:{name}"] += 1
             return False
         STATS[f"rule:{name}"] += 1
+        self._per_rule[name] += 1
         STATS["steps"] += 1
         self._steps += 1
         return True
+
+    def _ran(self, name: str) -> int:
+        """How many times rule `name` started in this sequence."""
+        return self._per_rule[name]
 
     def _skip(self, why: str) -> None:
         STATS[f"noop:{why}"] += 1
