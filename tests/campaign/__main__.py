@@ -65,6 +65,7 @@ def report(started: float, master: int, batches: list[int]) -> None:
         "restarted_run",
         "clock_skew",
         "produce",
+        "sensor",
         "drain_refused",
         "noop",
         "avoided",

@@ -91,6 +91,7 @@ OPERATIONS = (
     "dagster_ranges",
     "dagster_window",
     "iceberg_run",
+    "sensors",
 )
 
 

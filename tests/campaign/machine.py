@@ -26,23 +26,23 @@ from typer.testing import CliRunner
 from pyspark_rmqs.cli import app as cli
 from pyspark_rmqs.runs.record import run_key
 from tests.campaign.config import CampaignConfig
-from tests.campaign.dagster_rules import DagsterRules
 from tests.campaign.faults import CRASH_POINTS, Crash, Hooks, SinkFailure, lease_wait, sink_hooks
 from tests.campaign.harness import AIRFLOW_PIPELINES, FAILURES, PIPELINES, STATS, STREAM_KEYS, TARGETS
 from tests.campaign.invariants import Violation, check_backfill_stored_nothing, check_failure
 from tests.campaign.runs import Attempt, Row, execute
+from tests.campaign.sensor_rules import SensorRules
 
 LATE_MESSAGES = 7  # published from inside a run's sink
 LEASE_WAIT_S = 0.5  # how long the second of two concurrent runs waits for the consumer name
 SET_TO = ("latest", "earliest", "quarter", "half")  # where `rmqs watermark set --to` moves it
 
 
-class CampaignMachine(DagsterRules):
+class CampaignMachine(SensorRules):
     """The rules; one instance is one sequence on its own streams (see harness.py); the rules on
     retention and time positions are in retention_time.py, real process kills in killed.py, the
     Spark consumer's in spark_rules.py, the drain consumer's in drain_rules.py, broker restarts in
     broker_faults.py, produce runs in produce_rules.py, Dagster's
-    partitioned assets in dagster_rules.py."""
+    partitioned assets in dagster_rules.py, sensors in sensor_rules.py."""
 
     # -------------------------------------------------------------------------------- rules
 
