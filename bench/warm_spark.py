@@ -12,14 +12,23 @@ Parquet folder, exactly-once:
 - `connect`: `RabbitMQStreamReadOperator(spark_conn_id=...)` on the warm server;
 - `consume`: `RabbitMQStreamConsumeOperator` (no Spark: Arrow batches to Parquet);
 - `dagster-connect`: `build_stream_asset(engine="spark")` with a `SparkSessionResource(remote=...)`;
-- `dagster-arrow`: `build_stream_asset(engine="arrow")`.
+- `dagster-arrow`: `build_stream_asset(engine="arrow")`;
+- `spark-floor` (only with `--kinds`): no rmqs, Spark's own job writing as many rows of the same
+  shape into Parquet on the same server session (`spark.range`): the floor of any Spark write there.
 
 Each line gives `execute` (the operator's `execute()`, the asset's materialization) and the whole
 process (Python's start, the imports, the task), medians over the rounds, and the ratio of each
 Spark kind to its Spark-free twin. With `--breakdown` every Spark task also prints where its
 `execute` went (session, plan with lease and record, the read's DataFrame, the one Spark action,
 publish, commit record, record and watermark store, lag) and how many Python processes the server
-started for it (a new Python process imports pyspark and rmqs: the cost `--breakdown` makes visible).
+started for it (a new Python process imports pyspark and rmqs: the cost `--breakdown` makes visible),
+and the server's CPU seconds during the task by kind of thread: `jit` (the JVM's compiler threads),
+`tasks` (Spark's task threads: Arrow to rows to Parquet), `python` (its Python workers: the reads),
+`gc` and `other` (/proc, so it holds on a loaded machine where wall times do not).
+
+`--warmup N` runs N untimed Spark tasks on the fresh server first: its JIT compiles ~0.7 s of CPU
+per task for the first ten or so tasks and ~0.2 s after fifteen (measured with this breakdown), so
+rounds 2-3 on a fresh server measure the JVM's warm-up as much as the connector.
 """
 
 from __future__ import annotations
@@ -44,8 +53,8 @@ from bench.common import REPO, connection, fill_batches, temp_super_stream
 from tests.support.connect_server import python_descendants
 
 PARTITIONS = 3
-SPARK_KINDS = {"connect": "consume", "dagster-connect": "dagster-arrow"}
-KINDS = ("connect", "consume", "dagster-connect", "dagster-arrow")
+SPARK_KINDS = {"connect": "consume", "dagster-connect": "dagster-arrow", "spark-floor": "consume"}
+KINDS = ("connect", "consume", "dagster-connect", "dagster-arrow")  # and `spark-floor` when asked
 
 # Where a Spark task's `execute` goes: (module, attribute, label). Patched in the task's process
 # only (the bench's child), where the code looks the names up.
@@ -104,6 +113,8 @@ def _child(kind: str, superstream: str, out: str, uri: str, consumer: str, remot
     spent: dict[str, float] = {}
     if kind in ("connect", "consume"):
         run = _airflow_task(kind, superstream, out, consumer)
+    elif kind == "spark-floor":
+        run = _spark_floor(superstream, out, remote)
     else:
         run = _dagster_asset(kind, superstream, out, consumer, uri, remote)
     imported = time.perf_counter() - started
@@ -142,6 +153,30 @@ def _airflow_task(kind: str, superstream: str, out: str, consumer: str) -> Calla
     return lambda: int(op.execute({})["rows"])
 
 
+def _spark_floor(superstream: str, out: str, remote: str) -> Callable[[], int]:
+    """Spark's own job writing rows like the read's into Parquet on the same server session (the
+    Airflow task's: same URL, app and conf), no rmqs: `spark.range` made into `value` (100 bytes, as
+    the bench's bodies), `stream`, `offset`, `chunk_timestamp`. Timed: the write only."""
+    from pyspark.sql import functions as F
+
+    from pyspark_rmqs.runs.connect_sessions import connect
+
+    n = int(os.environ["BENCH_MESSAGES"])
+    spark = connect(remote, "rmqs", {}, new=True)
+
+    def run() -> int:
+        df = spark.range(n).select(
+            F.expr("cast(repeat('x', 100) as binary)").alias("value"),
+            F.concat(F.lit(superstream + "-"), (F.col("id") % PARTITIONS).cast("string")).alias("stream"),
+            F.col("id").alias("offset"),
+            F.current_timestamp().alias("chunk_timestamp"),
+        )
+        df.write.mode("overwrite").parquet(out)
+        return n
+
+    return run
+
+
 def _dagster_asset(
     kind: str, superstream: str, out: str, consumer: str, uri: str, remote: str
 ) -> Callable[[], int]:
@@ -171,7 +206,9 @@ def _dagster_asset(
     return run
 
 
-def _run(kind: str, superstream: str, uri: str, remote: str, server_pid: int | None) -> dict[str, Any]:
+def _run(
+    kind: str, superstream: str, uri: str, remote: str, server_pid: int | None, n: int
+) -> dict[str, Any]:
     consumer = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ)
     env.pop("JDK_JAVA_OPTIONS", None)
@@ -179,7 +216,9 @@ def _run(kind: str, superstream: str, uri: str, remote: str, server_pid: int | N
         env["AIRFLOW_HOME"] = home
         env["DAGSTER_HOME"] = home
         env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+        env["BENCH_MESSAGES"] = str(n)
         before = _python_children(server_pid)
+        cpu_before = _server_cpu(server_pid) if kind in SPARK_KINDS else {}
         seen: dict[int, str] = {}
         stop = threading.Event()
         watcher = threading.Thread(target=_watch, args=(server_pid, before, seen, stop), daemon=True)
@@ -201,6 +240,11 @@ def _run(kind: str, superstream: str, uri: str, remote: str, server_pid: int | N
         got["exit_s"] = time.time() - got.pop("ended")  # from the task's return to the process's end
         stop.set()
         watcher.join()
+        cpu_after = _server_cpu(server_pid) if kind in SPARK_KINDS else {}
+        got["server_cpu"] = {}
+        for k, v in cpu_after.items():  # the threads and workers alive at the end, summed by kind
+            key = k.split()[0]
+            got["server_cpu"][key] = got["server_cpu"].get(key, 0.0) + v - cpu_before.get(k, 0.0)
         got["server_pythons"] = len(seen)
         got["server_python_modules"] = sorted(seen.values())
         return got
@@ -224,6 +268,35 @@ def _python_children(pid: int | None) -> set[int]:
     return set() if pid is None else set(python_descendants(pid))
 
 
+def _server_cpu(pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of each of the server's JVM threads and Python workers alive now, keyed
+    `"<kind> <id>"` (a thread or worker that ends between two snapshots drops out, never negative)."""
+    if pid is None:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+
+    def add(kind: str, stat: str) -> None:
+        fields = stat.rsplit(")", 1)[1].split()
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+
+    for p in python_descendants(pid):  # one key per process: a worker that exits meanwhile drops out
+        try:
+            add(f"python {p}", Path(f"/proc/{p}/stat").read_text())
+        except OSError:
+            continue
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        kind = "jit" if "CompilerThre" in name else "tasks" if name.startswith("Executor task") else None
+        kind = kind or ("gc" if name.startswith(("GC Thread", "G1 ")) else "other")
+        add(f"{kind} {tid}", stat)
+    return out
+
+
 @contextmanager
 def _server(conf: dict[str, str]) -> Iterator[tuple[str, int]]:
     """A warm Connect server (tests/support/connect_server.py: PySpark's own, local[2], a token)."""
@@ -244,6 +317,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--breakdown", action="store_true", help="print each Spark task's phases")
+    ap.add_argument("--warmup", type=int, default=0, help="untimed Spark tasks on the fresh server first")
     ap.add_argument("--server-conf", action="append", default=[], help="key=value for the Connect server")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -257,15 +331,20 @@ def main() -> None:
     uri = f"rabbitmq-stream://{quote(conn.username)}:{secret}@{host}:{port}/{quote(conn.vhost, safe='')}"
     n = args.messages
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    print("load average (1, 5, 15 min) at the start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     with (
         temp_super_stream(conn, PARTITIONS, "bench-warm-spark") as (name, parts),
         _server(dict(kv.split("=", 1) for kv in args.server_conf)) as (remote, pid),
     ):
         per = {p: n // PARTITIONS + (i < n % PARTITIONS) for i, p in enumerate(parts)}
         fill_batches(conn, per, n, 1_000)
+        for w in range(args.warmup):  # past the JVM's warm-up (its JIT), not measured
+            spark_kind = next((k for k in kinds if k in ("connect", "dagster-connect")), "connect")
+            got = _run(spark_kind, name, uri, remote, pid, n)
+            print(f"warm-up {w + 1} {spark_kind}: execute {got['execute_s']:.2f} s", flush=True)
         for r in range(args.rounds):
             for kind in kinds:
-                got = _run(kind, name, uri, remote, pid)
+                got = _run(kind, name, uri, remote, pid, n)
                 assert got["rows"] == n, f"{kind}: read {got['rows']} of {n}"
                 runs[kind].append(got)
                 took = (
@@ -281,6 +360,10 @@ def main() -> None:
                 if args.breakdown and got["phases"]:
                     phases = ", ".join(f"{k} {v:.2f}" for k, v in got["phases"].items())
                     print(f"    {phases}", flush=True)
+                if args.breakdown and got.get("server_cpu"):
+                    cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(got["server_cpu"].items()))
+                    print(f"    server CPU s: {cpu}", flush=True)
+    print("load average (1, 5, 15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     med = {
         k: {m: statistics.median(g[m] for g in v) for m in ("execute_s", "process_s")}
         for k, v in runs.items()
@@ -288,8 +371,10 @@ def main() -> None:
     for spark_kind, plain in SPARK_KINDS.items():
         if spark_kind in med and plain in med:
             s, p = med[spark_kind], med[plain]
+            warm = f", after {args.warmup} warm-up tasks" if args.warmup else ""
             print(
-                f"warm Spark Connect, {n:,} messages into Parquet, medians of {args.rounds}: {spark_kind} "
+                f"warm Spark Connect{warm}, {n:,} messages into Parquet, medians of {args.rounds}: "
+                f"{spark_kind} "
                 f"execute {s['execute_s']:.2f} s / {plain} {p['execute_s']:.2f} s = "
                 f"{s['execute_s'] / p['execute_s']:.2f}x; process {s['process_s']:.2f} s / "
                 f"{p['process_s']:.2f} s = {s['process_s'] / p['process_s']:.2f}x",
