@@ -28,7 +28,7 @@ from pyspark_rmqs import jobs
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.runs import consume
 from pyspark_rmqs.runs.outputs.committed import committed_files
-from pyspark_rmqs.runs.outputs.delivery import RunToken
+from pyspark_rmqs.runs.outputs.delivery import RunToken, StoreCommits
 
 PER_RUN = 10  # messages each run reads
 
@@ -38,6 +38,9 @@ def _history(sink: consume.ParquetSink, consumer: str, stream: str, have: int, w
     commits = sink.commits()
     if sink.location.local:
         sink.fs.create_dir(sink.base, recursive=True)
+    else:  # on moto a run's objects take ~0.3 s one after the other: written 16 at a time instead
+        _history_remote(sink, consumer, stream, have, want)
+        return
     for i in range(have, want):
         start, end = i * PER_RUN, (i + 1) * PER_RUN
         token = RunToken(consumer, {stream: (start, end)})
@@ -45,6 +48,33 @@ def _history(sink: consume.ParquetSink, consumer: str, stream: str, have: int, w
         with sink.fs.open_output_stream(sink.location.path(name)) as f:
             f.write(b"")  # the reader lists it; its content is not what is measured
         commits.commit(token, [name], PER_RUN, 0)
+
+
+def _history_remote(sink: consume.ParquetSink, consumer: str, stream: str, have: int, want: int) -> None:
+    """The same objects as `_history`, put 16 at a time, then compacted as the runs' compactions
+    leave them: one index object, the records archived."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import asdict
+
+    from pyspark_rmqs.runs.outputs import commit_index
+    from pyspark_rmqs.runs.outputs.delivery import new_record
+
+    def one(i: int) -> None:
+        start, end = i * PER_RUN, (i + 1) * PER_RUN
+        token = RunToken(consumer, {stream: (start, end)})
+        name = consume.range_file_name(stream, start, end, token)
+        with sink.fs.open_output_stream(sink.location.path(name)) as f:
+            f.write(b"")
+        record = new_record(token, [name], PER_RUN, 0)
+        folder.write_bytes(f"{token.value}.json", json.dumps(asdict(record), indent=1).encode())
+
+    commits = sink.commits()
+    assert isinstance(commits, StoreCommits)
+    folder = commits.folder()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(one, range(have, want)))
+    commit_index.compact(folder, every=commit_index.COMPACT_EVERY)
 
 
 def _run(conn: Any, stream: str, consumer: str, output: str, options: dict[str, Any] | None) -> float:

@@ -272,8 +272,9 @@ def compact(folder: RecordFolder, *, every: int | None = None, listed: int | Non
     folder.write_bytes(name, snap.to_bytes())  # 2. whole or not at all
     for old in indexes:  # 3. every object read is held by the new one
         folder.delete(old)
-    for record in folded:  # 4. out of the listed prefix, only now that an index holds it
-        folder.move(record, f"{ARCHIVE_DIR}/{record}")
+    # 4. out of the listed prefix, only now that an index holds it (in parallel where remote: the
+    # moves are independent, each leaves its record in one place or both)
+    _read_all(folder, folded, lambda f, n: f.move(n, f"{ARCHIVE_DIR}/{n}"))
     return True
 
 
@@ -389,12 +390,14 @@ class ArrowFolder:
             pass
 
     def move(self, name: str, to: str) -> None:
-        """A server-side copy, then the delete: the record is in one place or both, never neither (a
-        record gone already was moved by a compaction racing this one)."""
-        try:
-            self.fs.copy_file(f"{self.path}/{name}", f"{self.path}/{to}")
-        except FileNotFoundError:
+        """The record written again under `to`, then deleted: it is in one place or both, never
+        neither (a record gone already was moved by a compaction racing this one). A GET and a PUT,
+        not a server-side copy: a record is a few hundred bytes, and fsspec's copy lists the
+        target first to see whether it is a folder."""
+        body = self.read_bytes(name)
+        if body is None:
             return
+        self.write_bytes(to, body)
         self.delete(name)
 
 
