@@ -437,6 +437,24 @@ class AsyncBrokerClient:
         chunks = await self._scan(stream, spec, lambda chunk: True, every_chunk=every_chunk)
         return chunks[-1] if chunks else None
 
+    async def _first_chunk_at(
+        self, stream: str, timestamp_ms: int, *, every_chunk: bool = False
+    ) -> Chunk | None:
+        """The first chunk timestamped at or after `timestamp_ms`; None when none came within the
+        probe timeout.
+
+        A subscription at a timestamp does not always start there: RabbitMQ 4.0 attached one past
+        every chunk to the first chunk of the stream's last segment, older than the time, when that
+        segment began after the broker restarted (seen with small segments; found by the campaign:
+        a Dagster window reported closed before its end, a time interval likewise). Its answer is
+        checked, and older chunks are read past to the first one at or after the time.
+        """
+        spec = schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms)
+        chunks = await self._scan(
+            stream, spec, lambda c: c.timestamp >= timestamp_ms, every_chunk=every_chunk
+        )
+        return chunks[-1] if chunks and chunks[-1].timestamp >= timestamp_ms else None
+
     async def _has_user_chunk(self, stream: str, st: StreamStats) -> bool:
         """Whether `stream` holds any user chunk, by reading chunk headers from its first chunk.
 
@@ -552,8 +570,7 @@ class AsyncBrokerClient:
         tail = await self._tail(stream, st)
         if tail <= max(0, st.first_chunk_id):
             return tail
-        spec = schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms)
-        chunk = await self._probe(stream, spec)
+        chunk = await self._first_chunk_at(stream, timestamp_ms)
         if chunk is not None:
             return min(chunk.first_offset, tail)
         last = await self._last_user_chunk(stream, st)
@@ -607,8 +624,7 @@ class AsyncBrokerClient:
         return out
 
     async def _time_bound_once(self, stream: str, timestamp_ms: int, tail: int) -> TimeBound:
-        spec = schema.OffsetSpec.from_params(OffsetType.TIMESTAMP, timestamp_ms)
-        chunk = await self._probe(stream, spec, every_chunk=True)
+        chunk = await self._first_chunk_at(stream, timestamp_ms, every_chunk=True)
         if chunk is not None:
             return TimeBound(chunk.first_offset, True, chunk.timestamp)
         # Silence: nothing reached the time yet, or a slow broker. The newest chunk tells them apart.

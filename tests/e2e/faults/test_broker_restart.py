@@ -444,3 +444,45 @@ def test_a_watermark_run_fails_when_the_broker_stays_down_and_its_retry_reads_th
     summary = consume.run_consume(conn, retry, lambda b: again.extend(b.column("value").to_pylist()))
     assert again == bodies and summary.watermark_stored
     assert watermarks(conn, "down", stream=s).partitions[0].stored == RUN_N - 1
+
+
+def test_a_time_past_every_chunk_has_not_passed_after_a_broker_restart(
+    restartable: BrokerSettings, streams, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """After a restart, RabbitMQ 4.0 attached a subscription at a time past every chunk of a stream
+    with small segments to the first chunk of its last segment, older than the time: rmqs took that
+    for "the broker's clock passed it", so an Airflow interval still open was read as closed (its
+    late messages in neither run) and a Dagster window likewise (found by the campaign). The time
+    has not passed; the interval ending then is refused (`OpenWindowError`, retryable)."""
+    from datetime import UTC, datetime, timedelta
+
+    from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator
+    from pyspark_rmqs.broker.client import BrokerClient
+    from pyspark_rmqs.errors import OpenWindowError
+
+    s = streams.stream("tb", arguments={"stream-max-segment-size-bytes": 400})
+    conn = conn_of(restartable)
+    for i in range(5):
+        publish(restartable, s, [f"m{i}-{j}".encode() for j in range(10)])
+    # A consumer's stored offset: the broker starts its segments with a snapshot of them.
+    BrokerClient(conn).store_offsets("a-consumer", {s: 3})
+    broker_down()
+    broker_up()
+    c = BrokerClient(conn, patient=True)
+    wait_for(lambda: c.tail(s) == 50, 60, "the stream back after the restart")
+    time.sleep(2)  # as a scheduled run would come later
+    later = datetime.now(UTC) + timedelta(seconds=20)
+    bound = c.time_bounds([s], [int(later.timestamp() * 1000)])[s][0]
+    assert not bound.passed, f"a time 20 s ahead passed on the broker's clock: {bound}"
+    monkeypatch.setenv("AIRFLOW_CONN_RMQS_RESTARTED", restartable.uri)
+    rows: list[Any] = []
+    with pytest.raises(Exception) as refused:
+        RabbitMQStreamConsumeOperator(
+            task_id="interval",
+            rabbitmq_stream_conn_id="rmqs_restarted",
+            stream=s,
+            start=(later - timedelta(hours=1)).isoformat(),
+            end=later.isoformat(),
+            apply_function=rows.append,
+        ).execute({})
+    assert classify(refused.value).error == OpenWindowError.__name__ and not rows
