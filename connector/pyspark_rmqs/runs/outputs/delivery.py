@@ -344,7 +344,8 @@ def _compact_quietly(folder: commit_index.RecordFolder, listed: int | None) -> N
         )
 
 
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merged_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Half-open spans, sorted, with overlapping and touching ones joined."""
     out: list[tuple[int, int]] = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1]:

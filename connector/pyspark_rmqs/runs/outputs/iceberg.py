@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.runs.incarnation import UNMARKED
 from pyspark_rmqs.runs.incarnation import same as same_incarnation
-from pyspark_rmqs.runs.outputs.delivery import RunToken
+from pyspark_rmqs.runs.outputs.delivery import RunToken, merged_spans
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -120,7 +120,7 @@ class IcebergSink:
                 lo, hi = token.ranges[stream]
                 if max(lo, a) < min(hi, b):
                     found.setdefault(stream, []).append((max(lo, a), min(hi, b)))
-        return {stream: _merged(spans) for stream, spans in found.items()}
+        return {stream: merged_spans(spans) for stream, spans in found.items()}
 
     def begin_run(self, token: RunToken) -> None:
         self._token = token
@@ -189,13 +189,3 @@ class IcebergSink:
             log.info("creating Iceberg table %s from the source schema", self.identifier)
             self._table = self.catalog.create_table(self.identifier, schema=schema)
         return self._table
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
