@@ -143,8 +143,8 @@ bench: prepare
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read --messages 1000000 --rounds 2
 	$(PY) -m bench.airflow_read --no-archive --rounds 1
-	$(PY) -m bench.warm_spark --breakdown
-	$(PY) -m bench.warm_spark --messages 1000000
+	$(PY) -m bench.warm_spark --breakdown --warmup 12 --kinds connect,consume,spark-floor,dagster-connect,dagster-arrow
+	$(PY) -m bench.warm_spark --messages 1000000 --warmup 6 --kinds connect,consume,spark-floor
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.history
