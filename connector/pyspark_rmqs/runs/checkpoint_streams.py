@@ -47,7 +47,9 @@ def check_and_record(conn: ConnectionOptions, checkpoint: str, streams: Sequence
             f"checkpoint_location '{checkpoint}' read {', '.join(repr(s) for s in changed)} before "
             f"{'it was' if len(changed) == 1 else 'they were'} deleted and created again: its offsets are "
             "the old stream's, and the drain would skip the new stream's first messages. Nothing was "
-            "read. Drain the new stream with a new checkpoint_location and a new output_path"
+            "read. Drain the new stream with a new checkpoint_location and a new output_path: the new "
+            "checkpoint starts at the consumer's stored offsets, and at startingOffsets on a stream where "
+            "it stored none"
         )
     _record(where, recorded, current)
 
