@@ -22,10 +22,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.runs.incarnation import UNMARKED, incarnations, same
+from pyspark_rmqs.runs.outputs.delivery import write_atomically
 from pyspark_rmqs.runs.outputs.objectstore import Location, locate
 
 log = logging.getLogger(__name__)
@@ -33,12 +36,21 @@ log = logging.getLogger(__name__)
 FILE = "rmqs_incarnations.json"
 
 
-def check_and_record(conn: ConnectionOptions, checkpoint: str, streams: Sequence[str]) -> None:
+@dataclass
+class Recorded:
+    """The checkpoint's folder and the markers recorded there (what `record` adds to after the drain)."""
+
+    where: Location
+    markers: dict[str, int]
+
+
+def check_and_record(conn: ConnectionOptions, checkpoint: str, streams: Sequence[str]) -> Recorded | None:
     """Refuse a drain whose checkpoint read another incarnation of one of `streams`; record the
-    markers of the streams it reads now (marking streams that hold messages)."""
+    markers of the streams it reads now (marking streams that hold messages). None when the
+    checkpoint's folder cannot be opened here (the check is skipped, with a warning)."""
     where = _where(checkpoint)
     if where is None:
-        return
+        return None
     recorded = _read(where)
     current = incarnations(conn, streams, mark=True)
     changed = sorted(s for s, m in recorded.items() if s in current and not same(m, current[s]))
@@ -51,33 +63,33 @@ def check_and_record(conn: ConnectionOptions, checkpoint: str, streams: Sequence
             "checkpoint starts at the consumer's stored offsets, and at startingOffsets on a stream where "
             "it stored none"
         )
-    _record(where, recorded, current)
+    return Recorded(where, _record(where, recorded, current))
 
 
-def record(conn: ConnectionOptions, checkpoint: str, streams: Sequence[str]) -> None:
+def record(conn: ConnectionOptions, recorded: Recorded | None, streams: Sequence[str]) -> None:
     """After a drain: the markers of the streams it read (a stream empty before it may hold
-    messages now, and be marked)."""
-    where = _where(checkpoint)
-    if where is not None:
-        _record(where, _read(where), incarnations(conn, streams, mark=True))
+    messages now, and be marked), added to what `check_and_record` recorded."""
+    if recorded is not None:
+        _record(recorded.where, recorded.markers, incarnations(conn, streams, mark=True))
 
 
-def _record(where: Location, recorded: dict[str, int], current: dict[str, int]) -> None:
+def _record(where: Location, recorded: dict[str, int], current: dict[str, int]) -> dict[str, int]:
+    """`recorded` with the markers of `current` merged in, written when that changed anything."""
     merged = dict(recorded)
     for s, marker in current.items():
         if marker != UNMARKED or s not in merged:
             merged[s] = marker
     if merged == recorded:
-        return
-    where.fs.create_dir(where.base, recursive=True)
-    # One small object: a PUT on an object store, a write then rename on a local disk (whole or
-    # absent either way; a lost write only means the next drain records again).
-    path = where.path(FILE)
-    tmp = path if not where.local else f"{path}.tmp"
-    with where.fs.open_output_stream(tmp) as out:
-        out.write(json.dumps(merged, sort_keys=True).encode())
-    if tmp != path:
-        where.fs.move(tmp, path)
+        return merged
+    # Whole or absent (a lost write only means the next drain records again): locally the atomic
+    # write of the commit records, on an object store one PUT.
+    body = json.dumps(merged, sort_keys=True).encode()
+    if where.local:
+        write_atomically(Path(where.path(FILE)), body)
+    else:
+        with where.fs.open_output_stream(where.path(FILE)) as out:
+            out.write(body)
+    return merged
 
 
 def _read(where: Location) -> dict[str, int]:

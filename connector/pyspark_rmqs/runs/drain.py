@@ -122,7 +122,7 @@ def _drain(
     )
     check_sink_log_is_this_querys(checkpoint, output_path)
     client = BrokerClient(conn)
-    checkpoint_streams.check_and_record(conn, checkpoint, target.streams(client))
+    recorded = checkpoint_streams.check_and_record(conn, checkpoint, target.streams(client))
     before = watermarks(conn, consumer, **target.kw())
     # The query's thread inherits this thread's local properties when it starts: its tasks report.
     with ExecutorReadMetrics(spark) as metrics:
@@ -150,7 +150,7 @@ def _drain(
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
-    checkpoint_streams.record(conn, checkpoint, target.streams(client))
+    checkpoint_streams.record(conn, recorded, target.streams(client))
     lease.keep("its final watermarks")  # the one store the drain makes itself (the source's: below)
     last = _never_backwards(conn, consumer, last, target)
     t_store = time.monotonic()
