@@ -108,24 +108,7 @@ class DrainRules(SparkRules):
             STATS[f"drain_refused:{refused}"] += 1
             generation = self._drain_generation(p.key)
             generation[:] = [generation[0] + 1, generation[1] + 1]  # as the error says: both new
-            self._new_checkpoint_positions(p)
         return attempt
-
-    def _new_checkpoint_positions(self, p: PipelineModel) -> None:
-        """A new checkpoint starts where the consumer's stored offsets are, and at `startingOffsets`
-        (earliest: the first offset kept) on a stream where it stored none (a drain stores only the
-        streams it read something from). What retention removed there before the old checkpoint read
-        it is skipped by the user's choice of a new checkpoint, as `rmqs watermark set` skips: not
-        owed (the old checkpoint would have reported it). Where an offset is stored, a start below
-        the first offset is reported by the new query itself."""
-        stored = self._stored(p)
-        skipped = [
-            m
-            for body in p.lost
-            if (m := self.model.messages[body]).stream in stored and stored[m.stream] is None
-        ]
-        self.model.excuse(p, skipped)
-        STATS["drain_new_checkpoint_skipped"] += len(skipped)
 
     def _rows(self, p: PipelineModel) -> list[Row]:
         """For the drain consumer: every generation's committed files together (its whole output)."""

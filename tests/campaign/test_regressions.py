@@ -249,18 +249,17 @@ def test_an_iceberg_run_committed_then_killed_whose_partition_is_recreated_write
         machine._cleanup()
 
 
-def test_a_new_drain_checkpoint_starts_where_the_consumer_stored_and_earliest_elsewhere(
+def test_a_new_drain_checkpoint_reports_what_retention_took_where_the_consumer_stood(
     broker: BrokerSettings,
 ) -> None:
-    """Not a product failure: the campaign's model, found by `make campaign` on a fresh clone (seed
-    3553289418, then these steps by hand). A drain read a super stream while its third partition
-    was empty (so it stored no offset there); retention then truncated that partition and another
-    partition was re-created. The drain on the old checkpoint is refused; its user starts a new
-    checkpoint and folder, which begin at the consumer's stored offsets and, on the truncated
-    partition where it stored none, at the first offset kept (startingOffsets=earliest): what
-    retention removed there is skipped by that choice, as a new Kafka query's would be. The model
-    owed it (invariant (a), 76 messages "promised"); it now excuses it, counted as
-    `drain_new_checkpoint_skipped`."""
+    """Found by `make campaign` on a fresh clone (seed 3553289418, then these steps by hand). A
+    drain read a super stream while its third partition was empty (so it stored no offset there);
+    retention then truncated that partition and another partition was re-created. The drain on the
+    old checkpoint is refused; its user starts a new checkpoint and folder. That checkpoint began at
+    `startingOffsets=earliest` on the truncated partition (and on any stream whose stored offset the
+    broker forgot once retention passed it): what retention took after the consumer's last drain
+    was skipped silently (76 messages "promised", invariant (a)). It now starts where a watermark
+    run of the consumer would (`runs.drain_start`) and reports the loss."""
     from tests.campaign.spark_rules import spark_environment
 
     spark_environment()

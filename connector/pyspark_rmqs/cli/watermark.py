@@ -253,28 +253,11 @@ def apply_move(conn: Any, move: Move) -> None:
         # stood (and report what retention took from it) instead of starting as a new consumer.
         after = {**{s: v for s, v in current.items() if v is not None}, **changed}
         if after:
-            run_record.write(conn, _positioned(move, after, current, conn), lease=lease)
-
-
-def _positioned(move: Move, after: Mapping[str, int], seen: Mapping[str, int | None], conn: Any) -> Any:
-    """A finished run record placing the consumer at `after` (empty ranges: it read nothing)."""
-    import uuid
-
-    from pyspark_rmqs.runs import record as run_record
-    from pyspark_rmqs.runs.incarnation import incarnations
-
-    return run_record.RunRecord(
-        consumer=move.consumer,
-        run_id=uuid.uuid4().hex,
-        target=move.target,
-        superstream=move.superstream,
-        state=run_record.STORED,
-        ranges={s: (v + 1, v + 1) for s, v in after.items()},
-        incarnations=incarnations(conn, list(after), mark=True),
-        seen=dict(seen),
-        token="",
-        pipeline="rmqs watermark set",
-    )
+            ranges = {s: (v + 1, v + 1) for s, v in after.items()}
+            placed = run_record.placed(
+                conn, move.consumer, move.target, move.superstream, ranges, current, "rmqs watermark set"
+            )
+            run_record.write(conn, placed, lease=lease)
 
 
 def pending_ranges(conn: Any, consumer: str, target: str) -> dict[str, tuple[int, int]]:

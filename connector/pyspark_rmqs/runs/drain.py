@@ -15,10 +15,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.broker.positions import merge_spans
 from pyspark_rmqs.core.errors import ConfigurationError
 from pyspark_rmqs.core.target import Target
 from pyspark_rmqs.options import ConnectionOptions, SourceOptions
-from pyspark_rmqs.runs import checkpoint_streams
+from pyspark_rmqs.options.parse import parse_source_options
+from pyspark_rmqs.runs import checkpoint_streams, drain_start
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import Lease
@@ -27,7 +29,7 @@ from pyspark_rmqs.runs.outputs.file_sink_log import check_sink_log_is_this_query
 from pyspark_rmqs.runs.spark_io import ExecutorReadMetrics
 from pyspark_rmqs.runs.summary import RunSummary
 from pyspark_rmqs.runs.summary import ms_since as _ms_since
-from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
+from pyspark_rmqs.runs.watermarks import Watermarks, store_watermarks, watermarks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,8 +77,8 @@ def run_drain(
         wait_s=DEFAULT_LEASE_WAIT_S,
         what=f"consumer '{consumer}' on {target.describe()}",
     ) as lease:
-        # A drain writes no record, but a watermark run or `rmqs watermark set` of the name would:
-        # a lease lost under the drain and taken back proves nobody wrote one meanwhile.
+        # A watermark run or `rmqs watermark set` of the name writes records, and so does the drain
+        # once it stored: a lease lost under the drain and taken back proves nobody wrote one meanwhile.
         lease.mark(BrokerClient(conn).stored_offset(lease.name, run_record.RUNS_STREAM))
         return _drain(
             spark,
@@ -120,10 +122,17 @@ def _drain(
             **dict(source_options or {}),
         }
     )
+    parsed = parse_source_options(opts, streaming=True)  # bad options: refused before reading
+    strict = parsed.fail_on_data_loss
     check_sink_log_is_this_querys(checkpoint, output_path)
     client = BrokerClient(conn)
     recorded = checkpoint_streams.check_and_record(conn, checkpoint, target.streams(client))
     before = watermarks(conn, consumer, **target.kw())
+    planned = None
+    if drain_start.is_new(recorded.where if recorded is not None else None):
+        planned = drain_start.planned_start(conn, lease, target, consumer, parsed)
+    if planned is not None:  # the new checkpoint starts where a watermark run of the consumer would
+        opts[_SOURCE("starting_offsets")] = drain_start.starting_offsets_option(planned[0])
     # The query's thread inherits this thread's local properties when it starts: its tasks report.
     with ExecutorReadMetrics(spark) as metrics:
         q = (
@@ -145,17 +154,22 @@ def _drain(
     progress = [p for p in q.recentProgress if p.get("sources")]
     rows = sum(int(p.get("numInputRows") or 0) for p in progress)
     start = {p.stream: p.next_offset for p in before.partitions}
+    start.update(planned[0] if planned is not None else {})
     end = dict(start)
     if progress:
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
+    lost = {} if strict or not progress else _retention_skipped(client, before, planned, progress, end)
+    if planned is not None and planned[1]:
+        lost = merge_spans(planned[1], lost)
     checkpoint_streams.record(conn, recorded, target.streams(client))
     lease.keep("its final watermarks")  # the one store the drain makes itself (the source's: below)
     last = _never_backwards(conn, consumer, last, target)
     t_store = time.monotonic()
     if last:
         store_watermarks(conn, consumer, last)
+        drain_start.record_end(conn, lease, target, consumer, start, end, before.stored_offsets(), pipeline)
     store_ms = _ms_since(t_store)
     after = watermarks(conn, consumer, **target.kw())
     summary = RunSummary(
@@ -176,6 +190,8 @@ def _drain(
         flush_ms=round(sum(_duration_ms(p, "addBatch") for p in progress), 3),
         commit_ms=round(sum(_duration_ms(p, "walCommit", "commitOffsets") for p in progress) + store_ms, 3),
     )
+    if lost:
+        summary.extra["data_loss"] = lost
     if progress:
         from pyspark_rmqs.runs.outputs.file_sink_log import written
 
@@ -184,6 +200,37 @@ def _drain(
             summary.records_written, summary.bytes_written = out.rows, out.bytes
     metrics.fill(summary)
     return summary
+
+
+def _retention_skipped(
+    client: BrokerClient,
+    before: Watermarks,
+    planned: tuple[dict[str, int], dict[str, list[int]]] | None,
+    progress: list[Any],
+    end: Mapping[str, int],
+) -> dict[str, list[int]]:
+    """Per stream, what retention removed of the drained range by its end: `[start, first)`.
+
+    With `failOnDataLoss=false` the source skips (and logs) what retention removed before it was
+    read, as a watermark run does (`steps._retention_during`), so the summary's `data_loss` names
+    the span: a drain that may have skipped rows never looks like a clean one. The range starts
+    where the checkpoint was (the first batch's start offset) or, for a new checkpoint, where
+    `drain_start` planned it (after the consumer's stored offset where it did not plan: the start
+    the source took, before any clamp to the first offset).
+    """
+    start = {p.stream: p.first if p.stored is None else p.stored + 1 for p in before.partitions}
+    start.update(planned[0] if planned is not None else {})
+    start.update(_offsets(progress[0]["sources"][0].get("startOffset")))
+    bounds = client.bounds(end)
+    lost: dict[str, list[int]] = {}
+    for s, stop in end.items():
+        found = bounds.get(s)
+        first = stop if found is None else found[0]  # a deleted stream: the whole range
+        if s in start and first > start[s]:
+            lost[s] = [start[s], min(first, stop)]
+    if lost:
+        log.warning("the drain skipped what retention removed (failOnDataLoss=false): %s", lost)
+    return lost
 
 
 def _duration_ms(progress: Any, *phases: str) -> float:

@@ -205,6 +205,40 @@ def advance(conn: Any, record: RunRecord, state: str, *, lease: Lease | None = N
     return write(conn, record.moved_to(state), lease=lease)
 
 
+def placed(
+    conn: Any,
+    consumer: str,
+    target: str,
+    superstream: bool,
+    ranges: Mapping[str, tuple[int, int]],
+    seen: Mapping[str, int | None],
+    pipeline: str,
+) -> RunRecord:
+    """A finished record of a run that rmqs did not plan (a drain, `rmqs watermark set`): `ranges`
+    is what it read (an empty range: where the consumer now stands).
+
+    The broker forgets a stored offset that retention left below the first offset; the record is
+    what still says where the consumer stood, so its next run (or a drain's new checkpoint) reports
+    what retention took instead of starting as a new consumer.
+    """
+    import uuid
+
+    from pyspark_rmqs.runs.incarnation import incarnations
+
+    return RunRecord(
+        consumer=consumer,
+        run_id=uuid.uuid4().hex,
+        target=target,
+        superstream=superstream,
+        state=STORED,
+        ranges=dict(ranges),
+        incarnations=incarnations(conn, list(ranges), mark=True),
+        seen=dict(seen),
+        token="",
+        pipeline=pipeline,
+    )
+
+
 def ranges_of(record: RunRecord) -> Mapping[str, tuple[int, int]]:
     """The non-empty ranges of a record (what its run reads)."""
     return {s: r for s, r in record.ranges.items() if r[1] > r[0]}
