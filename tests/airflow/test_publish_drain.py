@@ -16,6 +16,20 @@ from tests.support.data import publish
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 
+def _drain_generation(
+    tmp_path: Path, stream: str, consumer: str, name: str, **source: str
+) -> RabbitMQStreamDrainOperator:
+    """A drain of `stream` whose checkpoint and output folder are generation `name`'s."""
+    return RabbitMQStreamDrainOperator(
+        task_id="drain",
+        stream=stream,
+        consumer_name=consumer,
+        checkpoint_location=str(tmp_path / f"cp-{name}"),
+        output_path=str(tmp_path / f"out-{name}"),
+        source_options=source,
+    )
+
+
 def test_publish_then_drain(spark: Any, broker: BrokerSettings, streams, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     name, parts = streams.super_stream(2)
     source = tmp_path / "input"
@@ -113,13 +127,7 @@ def test_a_drain_of_a_stream_deleted_and_created_again_is_refused_and_a_new_chec
     s = streams.stream("rc")
 
     def drain(name: str) -> RabbitMQStreamDrainOperator:
-        return RabbitMQStreamDrainOperator(
-            task_id="drain",
-            stream=s,
-            consumer_name="rc",
-            checkpoint_location=str(tmp_path / f"cp-{name}"),
-            output_path=str(tmp_path / f"out-{name}"),
-        )
+        return _drain_generation(tmp_path, s, "rc", name)
 
     publish(broker, s, [f"a{i}".encode() for i in range(100)])
     assert drain("old").execute({})["rows"] == 100
@@ -161,14 +169,7 @@ def test_a_drain_skipping_what_retention_removed_names_it_in_data_loss(
     _publish_chunks(broker, s, b"a", 400, 5)
 
     def drain(name: str, **source: str) -> RabbitMQStreamDrainOperator:
-        return RabbitMQStreamDrainOperator(
-            task_id="drain",
-            stream=s,
-            consumer_name="dl",
-            checkpoint_location=str(tmp_path / f"cp-{name}"),
-            output_path=str(tmp_path / f"out-{name}"),
-            source_options=source,
-        )
+        return _drain_generation(tmp_path, s, "dl", name, **source)
 
     assert drain("old").execute({})["rows"] == 400
     _publish_chunks(broker, s, b"b", 1000, 50)
