@@ -17,6 +17,7 @@ import pytest
 
 from pyspark_rmqs.broker.client import AsyncBrokerClient
 from tests.campaign.config import SLOW_OPERATIONS, CampaignConfig
+from tests.campaign.harness import FALSE_ALARMS
 from tests.campaign.invariants import Violation
 from tests.campaign.machine import STATS, CampaignMachine, machine_with
 from tests.campaign.retention_time import ROLL_MESSAGES
@@ -275,5 +276,58 @@ def test_a_new_drain_checkpoint_reports_what_retention_took_where_the_consumer_s
             ("publish_everywhere", {"n": 14}),
             ("recreate", {"stream": "ss-1"}),
         )
+    finally:
+        machine._cleanup()
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "fault"),
+    [
+        ("c2@b", "before_delivered"),  # the Parquet commit record names the run; its record: `planned`
+        ("c2@b", "before_store"),  # its record says `delivered`
+        ("c8@b", "before_delivered"),  # the run's token is in the Iceberg table's snapshots
+        ("c6@ss", "before_delivered"),  # Spark's file commit record names the run
+    ],
+)
+def test_a_retry_whose_output_holds_its_range_reports_no_loss_of_what_retention_took_since(
+    broker: BrokerSettings, pipeline: str, fault: str
+) -> None:
+    """The campaign's false alarms (`make campaign`: `c8@b` and `c6@ss` failing with "offsets [0, 5)
+    ... are lost: retention removed them before this retry"). A run delivers 5 messages, `[0, 5)`, and
+    its process dies after its output committed them (or after its record said `delivered`);
+    retention then removes `[0, 5)`. The retry resumes the record and failed with the non-retryable
+    `DataLossError` at planning, before it looked at its output, though the output held all five:
+    the pipeline stopped until a user acted, and nothing was lost. Now a resumed range is reported
+    lost only where the retry reads it again."""
+    from tests.campaign.spark_rules import spark_environment
+
+    consumer, target = pipeline.split("@")
+    rule = {"c6": "spark_run", "c8": "iceberg_run"}.get(consumer)
+    if consumer == "c6":
+        spark_environment()
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS - {rule} if rule else SLOW_OPERATIONS))()
+    alarms = len(FALSE_ALARMS)
+    stream = "ss-1" if target == "ss" else target
+    crashing: tuple[str, dict[str, object]] = (
+        ("spark_run", {"to": target, "crash": fault, "retry": False})
+        if consumer == "c6"
+        else ("iceberg_run", {"to": target, "fault": fault, "retry": False})
+        if consumer == "c8"
+        else ("run_crashing", {"pipeline": pipeline, "point": fault, "retry": False})
+    )
+    try:
+        machine.holds()
+        for name, kwargs in (
+            ("publish", {"to": target, "n": 10 if target == "ss" else 5}),
+            crashing,
+            ("truncate", {"stream": stream, "before": 0}),
+        ):
+            getattr(machine, name)(**kwargs)
+            machine.holds()
+        retry = machine._watermark_run(pipeline)
+        machine.holds()
+        assert retry is not None and retry.ok and retry.resumed, retry and retry.describe()
+        assert FALSE_ALARMS[alarms:] == []
+        machine.teardown()
     finally:
         machine._cleanup()

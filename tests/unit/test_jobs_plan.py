@@ -161,6 +161,45 @@ def test_retention_below_the_plan_is_data_loss_or_clamped(
     assert plan.data_loss == {"o-1": [5, 20]}
 
 
+def test_a_resumed_range_retention_overtook_is_lost_only_where_the_retry_reads_it_again(
+    tracking: type[_Tracking],  # noqa: F811
+    runs: dict[str, Any],
+) -> None:
+    """A try planned `[4, 50)` of o-0 and died; retention moved o-0's first offset to 10 since. The
+    retry resumes the record whole: `[4, 10)` is lost only if it must be read again, so planning
+    reports nothing (the run step tells whether the output committed the run: a Parquet commit
+    record, the run's token in an Iceberg table). Reading again reports it, but not the offsets the
+    output holds; a record that says `delivered` has nothing to read again and nothing lost."""
+    from pyspark_rmqs.runs import record as run_record
+
+    tracking.stored[("etl", "o-0")] = 3
+    tracking.stored[("etl", "o-1")] = 19
+    runs["records"]["etl"] = run_record.RunRecord(
+        consumer="etl",
+        run_id="r1",
+        target="o",
+        superstream=True,
+        state=run_record.PLANNED,
+        ranges={"o-0": (4, 50), "o-1": (20, 200)},
+        incarnations={"o-0": 1, "o-1": 1},
+        seen={"o-0": 3, "o-1": 19},
+        token="t",
+    )
+    retry = jobs.plan_read(_CONN, superstream="o", consumer="etl")
+    assert retry.resumed and retry.ranges == {"o-0": (4, 50), "o-1": (20, 200)}
+    assert retry.retry_loss == {"o-0": [4, 10]}
+    with pytest.raises(DataLossError, match=r"offsets \[4, 10\) of stream 'o-0' .*before this retry"):
+        range_plan.report_retry_loss(retry)
+    with pytest.raises(DataLossError, match=r"offsets \[7, 10\) of stream 'o-0' are lost"):
+        range_plan.report_retry_loss(retry, {"o-0": [(4, 7)], "o-1": [(20, 200)]})
+    range_plan.report_retry_loss(retry, {"o-0": [(0, 6), (6, 50)]})  # the output holds it all
+    lenient = jobs.plan_read(_CONN, superstream="o", consumer="etl", fail_on_data_loss=False)
+    range_plan.report_retry_loss(lenient)  # logged; the reader skips it and names it
+    runs["records"]["etl"] = runs["records"]["etl"].moved_to(run_record.DELIVERED)
+    delivered = jobs.plan_read(_CONN, superstream="o", consumer="etl")
+    assert delivered.resumed and delivered.delivered and delivered.retry_loss == {}
+
+
 def test_caps_and_bad_arguments(
     tracking: type[_Tracking],  # noqa: F811
     runs: dict[str, Any],

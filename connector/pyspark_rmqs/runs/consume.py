@@ -41,7 +41,7 @@ from pyspark_rmqs.runs.outputs.delivery import (
     takes_token,
 )
 from pyspark_rmqs.runs.outputs.objectstore import locate
-from pyspark_rmqs.runs.plan import ReadPlan
+from pyspark_rmqs.runs.plan import ReadPlan, report_retry_loss
 from pyspark_rmqs.runs.steps import finish_run, new_summary, skip_delivered
 from pyspark_rmqs.runs.summary import RunSummary
 
@@ -320,7 +320,8 @@ def _run_consume(
                 target.begin_run(token)
             if covers(done, plan.ranges):
                 summary.extra["sink_skipped"] = True
-            else:
+            else:  # read again: what retention took from a resumed range since is lost now
+                report_retry_loss(plan, done)
                 _consume(conn, plan, target, s, summary, per_stream, lost, done)
         except BaseException as e:
             raise mark_commit_state(e, CommitState.BEFORE) from None

@@ -15,7 +15,7 @@ clamped (data loss reported) and `max_messages` caps the range. Metadata only: r
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyspark_rmqs.broker.client import BrokerClient
@@ -67,6 +67,9 @@ class ReadPlan:
     lease: Lease | None = field(default=None, compare=False, repr=False)
     # Offsets found lost while planning and skipped (failOnDataLoss=false): the summary's `data_loss`.
     data_loss: dict[str, list[int]] = field(default_factory=dict)
+    # What retention removed from a resumed range since its record planned (`_resumed`): reported by
+    # `report_retry_loss` when the run reads the range again, not when its output already holds it.
+    retry_loss: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -213,20 +216,25 @@ def _new_partitions(
 def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fail: bool) -> ReadPlan:
     """The plan of an unfinished record: its ranges exactly, whatever arrived or was stored since.
 
-    What retention removed from a range since the record was written is data loss (reported; with
+    What retention removed from a range since the record was written is data loss only if the retry
+    must read it again: not when the record says `delivered` (the sink already had the range: the
+    retry only stores), nor when the run's exactly-once output committed it before the try died (a
+    Parquet commit record, the run's token in an Iceberg table), which only the run step can tell.
+    So it is kept in `retry_loss` and reported by `report_retry_loss` when the run reads (with
     failOnDataLoss=false the reader skips it). The token stays the record's.
     """
     starts = {s: r[0] for s, r in record.ranges.items()}
     ends = {s: r[1] for s, r in record.ranges.items()}
     firsts = {p.stream: p.first for p in w.partitions}
+    delivered = record.state in (run_record.DELIVERED, run_record.STORED)
+    gone: dict[str, list[int]] = {}
     for s in starts:
         first = firsts.get(s)
         if first is None and ends[s] > starts[s]:  # a partition of the record vanished
             report_data_loss(fail, lost_message(s, starts[s], ends[s], "the partition stream is gone"))
             ends[s] = starts[s]
-        elif first is not None and starts[s] < first and ends[s] > starts[s]:
-            why = "retention removed them before this retry"
-            report_data_loss(fail, lost_message(s, starts[s], min(first, ends[s]), why))
+        elif first is not None and starts[s] < first and ends[s] > starts[s] and not delivered:
+            gone[s] = [starts[s], min(first, ends[s])]
     return ReadPlan(
         w.target,
         w.superstream,
@@ -238,7 +246,32 @@ def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fai
         fail,
         incarnations,
         record,
+        retry_loss=gone,
     )
+
+
+def report_retry_loss(plan: ReadPlan, held: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
+    """Report what retention removed from a resumed range (`ReadPlan.retry_loss`), as the run is about
+    to read that range again; offsets its output already holds (`held`: spans earlier runs of the
+    consumer committed there) are not lost. With failOnDataLoss=false: logged (the reader skips them
+    and names them in `RangeReader.lost`)."""
+    for s, (lo, hi) in plan.retry_loss.items():
+        span = _outside(lo, hi, (held or {}).get(s, ()))
+        if span is not None:
+            why = "retention removed them before this retry"
+            report_data_loss(plan.fail_on_data_loss, lost_message(s, span[0], span[1], why))
+
+
+def _outside(lo: int, hi: int, spans: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """The smallest span holding every offset of `[lo, hi)` that no span of `spans` covers (None: all
+    covered)."""
+    for a, b in sorted(spans):
+        if a <= lo < b:
+            lo = b
+    for a, b in sorted(spans, reverse=True):
+        if a < hi <= b:
+            hi = a
+    return (lo, hi) if lo < hi else None
 
 
 def _moved_by_others(record: RunRecord, seen: Mapping[str, int | None], consumer: str | None) -> bool:

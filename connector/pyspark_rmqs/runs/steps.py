@@ -42,7 +42,7 @@ from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
 from pyspark_rmqs.runs.outputs.delivery import FileCommits, RunToken, covers, takes_token
-from pyspark_rmqs.runs.plan import ReadPlan
+from pyspark_rmqs.runs.plan import ReadPlan, report_retry_loss
 from pyspark_rmqs.runs.plan import plan_range as _plan
 from pyspark_rmqs.runs.spark_io import FileOutput
 from pyspark_rmqs.runs.spark_io import count_read as _count_read
@@ -197,6 +197,7 @@ def run_read(
                 _commit_files(spark, conn, plan, sink, token, summary, extra)
             else:
                 try:
+                    report_retry_loss(plan)  # read again: what retention took from a resumed range
                     obs = _read_into(
                         spark, conn, plan, extra, summary, lambda df: _call_sink(sink, df, token)
                     )
@@ -317,6 +318,7 @@ def _commit_files(
             summary.records_written = 0
             summary.extra["sink_skipped"] = True
         elif files is None:
+            report_retry_loss(plan, done)  # read again: what retention took from a resumed range
             stage = commits.begin(token)
             obs = _read_into(
                 spark,
