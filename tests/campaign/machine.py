@@ -349,6 +349,10 @@ class CampaignMachine(SensorRules):
         for stream in t.partitions:  # a partition moved back to nothing stored: no baseline either
             if stored.get(stream) is None:
                 p.watermarks.pop(self.model.part_of(stream), None)
+        if any(wm is not None for wm in stored.values()):
+            # It stored offsets (and a run record): a latest consumer's runs start there from now on,
+            # not at the tails as its first run would (what arrives from now on is its to read).
+            self.model.start_boundary(p, self.model.seq)
         self.dirty.add(p.key)
 
 
