@@ -63,6 +63,13 @@ class DagsterRuns:
     ) -> Attempt:
         """Materialize `pipeline`'s asset once (`lenient`: fail_on_data_loss=False, as a user accepting
         a reported loss rebuilds it); never raises what the step raised."""
+        name, asset = self.asset(target, pipeline, output=output, lenient=lenient)
+        return self.materialize(asset, name, Attempt("watermark", started_seq))
+
+    def asset(
+        self, target: TargetModel, pipeline: PipelineModel, *, output: Path, lenient: bool = False
+    ) -> tuple[str, Any]:
+        """`pipeline`'s asset (`build_stream_asset`, the arrow engine) and its node name."""
         where: dict[str, Any] = (
             {"superstream": target.name} if target.superstream else {"stream": target.name}
         )
@@ -76,7 +83,19 @@ class DagsterRuns:
             fail_on_data_loss=not lenient,
             **where,
         )
-        return self.materialize(asset, name, Attempt("watermark", started_seq))
+        return name, asset
+
+    def new_data_requested(self, asset: Any) -> bool:
+        """One tick of Dagster's new-data sensor of `asset` (`build_new_data_sensor`, no cursor, as
+        after a restart of the daemon): whether it requests a run."""
+        from dagster import build_sensor_context
+
+        from dagster_rmqs import build_new_data_sensor
+
+        tick = build_new_data_sensor(asset)(
+            build_sensor_context(resources={"rabbitmq": self.resource}, instance=self.instance)
+        )
+        return bool(getattr(tick, "run_requests", None))
 
     def materialize(
         self, asset: Any, name: str, attempt: Attempt, partition_key: str | None = None

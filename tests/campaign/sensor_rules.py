@@ -1,5 +1,6 @@
 """The sensors that schedule the runs: `sensors` pokes Airflow's `RabbitMQStreamNewDataSensor` and
-`RabbitMQStreamLagSensor` for a consumer, as a scheduler would between its runs.
+`RabbitMQStreamLagSensor` for a consumer, as a scheduler would between its runs, and for the
+Dagster consumer (c5) ticks Dagster's new-data sensor of its asset (`build_new_data_sensor`).
 
 What must hold: a consumer that still owes a readable message (published in a current stream
 incarnation, not removed by retention, not in its output) has new data and lag. A new-data sensor
@@ -46,17 +47,25 @@ class SensorRules(DagsterRules):
         new_data = RabbitMQStreamNewDataSensor(task_id="campaign-new-data", **common).poke({})
         lag_gate = RabbitMQStreamLagSensor(task_id="campaign-lag", max_lag=0, **common).poke({})
         STATS[f"sensor:new_data={new_data.is_done}:lag_gate={lag_gate.is_done}"] += 1
+        dagster_fired = None
+        if p.engine == "dagster":
+            _, asset = self.dagster.asset(t, p, output=self.tmp / "unused")
+            dagster_fired = self.dagster.new_data_requested(asset)
+            STATS[f"sensor:dagster_new_data={dagster_fired}"] += 1
         held = {body for body, _, _ in self._rows(p)}
         waiting = [
             m.body
             for m in self.model.expected(p)
             if m.body not in held and not self.model.truncated(m) and m.offset is not None
         ]
-        if waiting and (not new_data.is_done or lag_gate.is_done):
+        if waiting and (not new_data.is_done or lag_gate.is_done or dagster_fired is False):
             shown = [b.decode() for b in waiting[:5]]
+            dagster = (
+                "" if dagster_fired is None else f", Dagster's new-data sensor requested {dagster_fired}"
+            )
             raise Violation(
                 "a",
                 f"{p.key} owes {len(waiting)} readable message(s) ({shown}) not in its output, but the "
                 f"new-data sensor {'fired' if new_data.is_done else 'did not fire'} and the lag gate "
-                f"{'opened' if lag_gate.is_done else 'stayed closed'}",
+                f"{'opened' if lag_gate.is_done else 'stayed closed'}{dagster}",
             )

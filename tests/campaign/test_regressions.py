@@ -380,3 +380,18 @@ def test_a_latest_consumers_report_of_what_it_was_placed_at_or_asked_for_is_no_f
     alarms = len(FALSE_ALARMS)
     steps(state, *calls)
     assert FALSE_ALARMS[alarms:] == []
+
+
+def test_the_sensors_rule_ticks_dagsters_new_data_sensor_of_a_consumer_that_owes_messages(
+    state: CampaignMachine,
+) -> None:
+    """The `sensors` rule covers Dagster's new-data sensor (`build_new_data_sensor`) for the Dagster
+    consumer c5: new messages it owes, and the sensor must request a run (a sensor that never fires
+    leaves them unread, lag or not). Seen failing with the sensor's lag check mutated to skip."""
+    steps(
+        state,
+        ("run", {"pipeline": "c5@a"}),
+        ("publish", {"n": 7, "to": "a"}),
+        ("sensors", {"pipeline": "c5@a"}),
+    )
+    assert STATS["sensor:dagster_new_data=True"] >= 1
