@@ -92,6 +92,7 @@ OPERATIONS = (
     "dagster_window",
     "iceberg_run",
     "sensors",
+    "spark_publish",
 )
 
 
@@ -174,6 +175,7 @@ SLOW_OPERATIONS = frozenset(
         "backfill_by_time",
         "dagster_window",
         "iceberg_run",
+        "spark_publish",
     }
 )
 SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), disabled=SLOW_OPERATIONS, initial_messages=2)

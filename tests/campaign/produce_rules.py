@@ -1,4 +1,6 @@
-"""Produce runs: `produce_run` publishes through Airflow's `RabbitMQStreamProduceOperator` with a
+"""Produce runs and the Spark sink. `spark_publish` publishes through Airflow's
+`RabbitMQStreamPublishOperator` (the Spark sink, `producerName`; off in the in-suite budget): each
+message once. `produce_run` publishes through Airflow's `RabbitMQStreamProduceOperator` with a
 producer name and a run identity, its producer function failing part way, a partition optionally
 bound to the super stream before the retry, and the same run retried until it succeeds.
 
@@ -18,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from airflow_rmqs.plain_operators import RabbitMQStreamProduceOperator
 from tests.campaign.broker_faults import BrokerFaultRules
@@ -75,21 +77,79 @@ class ProduceRules(BrokerFaultRules):
                 "d", f"a produce run to {t.name} did not succeed in {MAX_TRIES} tries: {outcomes}"
             )
         STATS[f"produce:{'>'.join(outcomes)}"] += 1
+        self._published_once(to, items, first_partitions, since, began, f"a produce run ({outcomes})")
+
+    @precondition(lambda self: self.config.enabled("spark_publish"))
+    @rule(to=st.sampled_from(TARGETS), n=st.integers(1, 40))
+    def spark_publish(self, to: str, n: int) -> None:
+        """`n` keyed messages published through the Spark sink (`RabbitMQStreamPublishOperator` on a
+        local SparkSession, `producerName`, hash routing): each in the target exactly once, in the
+        partition hash routing chose, and then read by every consumer like any other publish."""
+        if not self._step("spark_publish"):
+            return
+        if not self.model.target_exists(to):
+            return self._skip("spark-publish-to-missing")
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from airflow_rmqs.operators import RabbitMQStreamPublishOperator
+        from tests.campaign.spark_rules import spark_environment
+
+        spark_environment()
+        t = self.model.targets[to]
+        items = self.model.next_bodies(n)
+        partitions = list(t.partitions)
+        since = self.ops.tails(partitions)
+        run = next(self._produce_runs)
+        source = self.tmp / f"spark-publish-{run}"
+        source.mkdir()
+        table = pa.table(
+            {"value": [body for _, body in items], "routing_key": [routing_key(seq) for seq, _ in items]}
+        )
+        pq.write_table(table, source / "part-0.parquet")
+        where: dict[str, Any] = {"superstream": t.name} if t.superstream else {"stream": t.name}
+        began = int(time.time() * 1000) - 1
+        try:
+            RabbitMQStreamPublishOperator(
+                task_id="campaign-spark-publish",
+                rabbitmq_stream_conn_id=CONN_ID,
+                input_path=str(source),
+                sink_options={"producerName": f"campaign-{self.uid}-spark-{run}", "routingStrategy": "hash"},
+                spark_conf={"spark.ui.showConsoleProgress": "false"},
+                **where,
+            ).execute({})
+        except Exception as e:
+            raise Violation("d", f"a Spark publish to {t.name} failed: {type(e).__name__}: {e}") from None
+        STATS["spark_publish:ok"] += 1
+        self._published_once(to, items, partitions, since, began, "a Spark publish")
+
+    def _published_once(
+        self,
+        to: str,
+        items: list[tuple[int, bytes]],
+        partitions: list[str],
+        since: dict[str, int],
+        began: int,
+        what: str,
+    ) -> None:
+        """`items`, published to target `to` since `since` (tails) in the window from `began`, into the
+        model: each found exactly once, in the partition hash routing over `partitions` chose."""
+        t = self.model.targets[to]
         window = (began, int(time.time() * 1000) + 1)
         self.model.windows.append(window)
         groups: dict[str, list[tuple[int, bytes]]] = {}
         for seq, body in items:
-            dest = partition_of(seq, first_partitions) if t.superstream else t.name
+            dest = partition_of(seq, partitions) if t.superstream else t.name
             groups.setdefault(dest, []).append((seq, body))
         tails = self.ops.tails(groups)
         for stream, group in groups.items():
             try:
                 offsets = self.ops.offsets_of(stream, [b for _, b in group], tails[stream], since[stream])
             except AssertionError as e:
-                raise Violation("produce", f"a produce run to {t.name} ({outcomes}): {e}") from None
+                raise Violation("produce", f"{what} to {t.name}: {e}") from None
             self.model.record(stream, group, offsets, window)
         self._touch(to)
-        STATS["messages"] += n
+        STATS["messages"] += len(items)
 
     def _produce_try(
         self,

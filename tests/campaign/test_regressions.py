@@ -395,3 +395,25 @@ def test_the_sensors_rule_ticks_dagsters_new_data_sensor_of_a_consumer_that_owes
         ("sensors", {"pipeline": "c5@a"}),
     )
     assert STATS["sensor:dagster_new_data=True"] >= 1
+
+
+def test_the_spark_publish_rule_finds_each_message_once_and_every_consumer_reads_it(
+    broker: BrokerSettings,
+) -> None:
+    """The `spark_publish` rule (the Spark sink through `RabbitMQStreamPublishOperator`, off in the
+    in-suite budget): its messages are each found once where hash routing put them, and the final
+    check reads them through every consumer."""
+    from tests.campaign.spark_rules import spark_environment
+
+    spark_environment()
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS - {"spark_publish"}))()
+    try:
+        steps(
+            machine,
+            ("spark_publish", {"n": 23, "to": "ss"}),
+            ("run", {"pipeline": "c2@ss"}),
+            ("spark_publish", {"n": 5, "to": "a"}),
+        )
+    finally:
+        machine._cleanup()
+    assert STATS["spark_publish:ok"] >= 2
