@@ -26,7 +26,9 @@ from pyspark_rmqs.runs.lease import DEFAULT_WAIT_S as DEFAULT_LEASE_WAIT_S
 from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.lease import acquire as acquire_lease
 from pyspark_rmqs.runs.outputs.file_sink_log import check_sink_log_is_this_querys
+from pyspark_rmqs.runs.plan import ReadPlan
 from pyspark_rmqs.runs.spark_io import ExecutorReadMetrics
+from pyspark_rmqs.runs.steps import retention_during
 from pyspark_rmqs.runs.summary import RunSummary
 from pyspark_rmqs.runs.summary import ms_since as _ms_since
 from pyspark_rmqs.runs.watermarks import Watermarks, store_watermarks, watermarks
@@ -132,7 +134,7 @@ def _drain(
     if drain_start.is_new(recorded.where if recorded is not None else None):
         planned = drain_start.planned_start(conn, lease, target, consumer, parsed)
     if planned is not None:  # the new checkpoint starts where a watermark run of the consumer would
-        opts[_SOURCE("starting_offsets")] = drain_start.starting_offsets_option(planned[0])
+        opts[_SOURCE("starting_offsets")] = drain_start.starting_offsets_option(planned.start)
     # The query's thread inherits this thread's local properties when it starts: its tasks report.
     with ExecutorReadMetrics(spark) as metrics:
         q = (
@@ -154,15 +156,19 @@ def _drain(
     progress = [p for p in q.recentProgress if p.get("sources")]
     rows = sum(int(p.get("numInputRows") or 0) for p in progress)
     start = {p.stream: p.next_offset for p in before.partitions}
-    start.update(planned[0] if planned is not None else {})
+    start.update(planned.start if planned is not None else {})
     end = dict(start)
     if progress:
         end.update(_offsets(progress[-1]["sources"][0].get("endOffset")))
         start.update(_offsets(progress[0]["sources"][0].get("startOffset")) or {})
     last = {s: v - 1 for s, v in end.items() if v > start.get(s, 0)}
-    lost = {} if strict or not progress else _retention_skipped(client, before, planned, progress, end)
-    if planned is not None and planned[1]:
-        lost = merge_spans(planned[1], lost)
+    lost: dict[str, list[int]] = {}
+    if progress and not strict:  # the source skipped what retention removed: the summary says so
+        read = _source_starts(before, planned, progress)
+        ranges = {s: (read[s], stop) for s, stop in end.items() if s in read and stop > read[s]}
+        lost = retention_during(conn, target.name, ranges)
+    if planned is not None and planned.data_loss:
+        lost = merge_spans(planned.data_loss, lost)
     checkpoint_streams.record(conn, recorded, target.streams(client))
     lease.keep("its final watermarks")  # the one store the drain makes itself (the source's: below)
     last = _never_backwards(conn, consumer, last, target)
@@ -202,35 +208,16 @@ def _drain(
     return summary
 
 
-def _retention_skipped(
-    client: BrokerClient,
-    before: Watermarks,
-    planned: tuple[dict[str, int], dict[str, list[int]]] | None,
-    progress: list[Any],
-    end: Mapping[str, int],
-) -> dict[str, list[int]]:
-    """Per stream, what retention removed of the drained range by its end: `[start, first)`.
-
-    With `failOnDataLoss=false` the source skips (and logs) what retention removed before it was
-    read, as a watermark run does (`steps._retention_during`), so the summary's `data_loss` names
-    the span: a drain that may have skipped rows never looks like a clean one. The range starts
-    where the checkpoint was (the first batch's start offset) or, for a new checkpoint, where
-    `drain_start` planned it (after the consumer's stored offset where it did not plan: the start
-    the source took, before any clamp to the first offset).
-    """
+def _source_starts(before: Watermarks, planned: ReadPlan | None, progress: list[Any]) -> dict[str, int]:
+    """Where the query's source started each stream, before any clamp to the first offset: where the
+    checkpoint was (the first batch's start offset), or for a new checkpoint where `drain_start`
+    planned it (after the consumer's stored offset where it did not plan). What retention removed
+    from there the source skipped with `failOnDataLoss=false`, as a watermark run's readers do
+    (`steps.retention_during`): a drain that may have skipped rows never looks like a clean one."""
     start = {p.stream: p.first if p.stored is None else p.stored + 1 for p in before.partitions}
-    start.update(planned[0] if planned is not None else {})
+    start.update(planned.start if planned is not None else {})
     start.update(_offsets(progress[0]["sources"][0].get("startOffset")))
-    bounds = client.bounds(end)
-    lost: dict[str, list[int]] = {}
-    for s, stop in end.items():
-        found = bounds.get(s)
-        first = stop if found is None else found[0]  # a deleted stream: the whole range
-        if s in start and first > start[s]:
-            lost[s] = [start[s], min(first, stop)]
-    if lost:
-        log.warning("the drain skipped what retention removed (failOnDataLoss=false): %s", lost)
-    return lost
+    return start
 
 
 def _duration_ms(progress: Any, *phases: str) -> float:

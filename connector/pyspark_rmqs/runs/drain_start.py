@@ -26,7 +26,7 @@ from pyspark_rmqs.options import ConnectionOptions, SourceOptions
 from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.lease import Lease
 from pyspark_rmqs.runs.outputs.objectstore import Location
-from pyspark_rmqs.runs.plan import plan_range
+from pyspark_rmqs.runs.plan import ReadPlan, plan_range
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,11 @@ def planned_start(
     target: Target,
     consumer: str,
     options: SourceOptions,
-) -> tuple[dict[str, int], dict[str, list[int]]] | None:
-    """For a new checkpoint: the start per partition stream and what retention took before it
-    (`data_loss`; with failOnDataLoss=true, `DataLossError` instead). None where the user chose an
-    explicit start (an offset, a time or a JSON map), which the source then applies as it is."""
+) -> ReadPlan | None:
+    """For a new checkpoint: the plan of a watermark run of the consumer to the tails, whose `start`
+    is where the checkpoint starts and whose `data_loss` is what retention took before it (with
+    failOnDataLoss=true, `DataLossError` instead). None where the user chose an explicit start (an
+    offset, a time or a JSON map), which the source then applies as it is."""
     if options.starting_offsets not in _PLANNED_KINDS:
         return None
     previous = run_record.latest(conn, consumer, target.name, lease=lease)
@@ -72,7 +73,7 @@ def planned_start(
     )
     if plan.data_loss:
         log.warning("the drain's new checkpoint starts past what retention removed: %s", plan.data_loss)
-    return dict(plan.start), dict(plan.data_loss)
+    return plan
 
 
 def starting_offsets_option(start: Mapping[str, int]) -> str:

@@ -205,7 +205,9 @@ def run_read(
                     raise mark_commit_state(e, CommitState.BEFORE) from None
                 _count_read(summary, obs)
             if not plan.fail_on_data_loss:
-                summary.extra["data_loss"] = merge_spans(plan.data_loss, _retention_during(conn, plan))
+                summary.extra["data_loss"] = merge_spans(
+                    plan.data_loss, retention_during(conn, plan.target, plan.ranges)
+                )
         elif plan.data_loss:  # nothing left to read: what planning found lost and skipped
             summary.extra["data_loss"] = dict(plan.data_loss)
         return finish_run(conn, plan, summary, t0, store_watermark=store_watermark)
@@ -361,22 +363,26 @@ def _call_sink(sink: Callable[..., Any], df: DataFrame, token: RunToken) -> Any:
     return sink(df, token=token) if takes_token(sink) else sink(df)
 
 
-def _retention_during(conn: ConnectionOptions, plan: ReadPlan) -> dict[str, list[int]]:
-    """Per stream, the part of the range retention removed by the end of the read: `[start, first)`.
+def retention_during(
+    conn: ConnectionOptions, target: str, ranges: Mapping[str, tuple[int, int]]
+) -> dict[str, list[int]]:
+    """Per stream, the part of `ranges` (read from `target`) retention removed by the end of the
+    read: `[start, first)`.
 
-    With `failOnDataLoss=false` the executors skip (and log, with exact offsets) what retention
-    removed before they read it; offsets of this span they read earlier are in the output. The
-    summary names the span so a run that may have lost rows never looks like a clean one.
+    With `failOnDataLoss=false` the executors (or a drain's source) skip, and log with exact
+    offsets, what retention removed before they read it; offsets of this span they read earlier are
+    in the output. The summary names the span so a run that may have lost rows never looks like a
+    clean one.
     """
-    firsts = BrokerClient(conn).bounds(plan.ranges)
+    firsts = BrokerClient(conn).bounds(ranges)
     out: dict[str, list[int]] = {}
-    for s, (start, end) in plan.ranges.items():
+    for s, (start, end) in ranges.items():
         found = firsts.get(s)
         first = end if found is None else found[0]  # a deleted stream: the whole range
         if first > start:
             out[s] = [start, min(first, end)]
     if out:
         log.warning(
-            "rmqs run on '%s': retention removed %s during the read (failOnDataLoss=false)", plan.target, out
+            "rmqs run on '%s': retention removed %s during the read (failOnDataLoss=false)", target, out
         )
     return out
