@@ -213,3 +213,53 @@ def test_a_run_whose_lease_ends_mid_sink_stops_and_the_next_run_delivers_once(
     assert watermarks(conn, "mid", stream=s).partitions[0].stored == n - 1
     record = run_record.latest(conn, "mid", s)
     assert record is not None and record.done and record.attempt == 1
+
+
+# ------------------- an unfinished run planned anew: its new partition's range was never delivered
+
+
+def test_an_unfinished_run_planned_anew_reads_the_ranges_its_sink_never_delivered(
+    broker: BrokerSettings, streams: Any
+) -> None:
+    """A run planned a partition bound since the consumer's last run ([0, 8) of partition 2, which
+    stores nothing yet) and its sink failed; then another client of the consumer name stored an
+    offset on partition 0, so the retry plans anew. Before: the new plan placed partition 2 at the
+    failed record's end (8), as if the range had been delivered: 8 messages never delivered, lag 0,
+    no `data_loss`. Found by the campaign (seed 2622322657) where retention, not a client, took the
+    stored offset away (the report then named too little)."""
+    name, parts = streams.super_stream(2)
+    got: list[bytes] = []
+    failing = [True]
+
+    def sink(batch: pa.RecordBatch) -> None:
+        if failing[0]:
+            raise RuntimeError("the sink is down")
+        got.extend(batch["value"].to_pylist())
+
+    def run() -> dict[str, Any]:
+        op = RabbitMQStreamConsumeOperator(
+            task_id="c", superstream=name, consumer_name="etl", apply_function=sink
+        )
+        return op.execute({})
+
+    for p in parts:
+        publish(broker, p, [f"{p}:{i}".encode() for i in range(10)])
+    failing[0] = False
+    assert run()["rows"] == 20
+    added = streams.add_partition(name, 2)
+    new = [f"{added}:{i}".encode() for i in range(8)] + [f"{parts[0]}:{i}".encode() for i in range(10, 15)]
+    publish(broker, added, new[:8])
+    publish(broker, parts[0], new[8:])
+    failing[0] = True
+    with pytest.raises(RuntimeError, match="the sink is down"):
+        run()
+    c = client(broker)
+    moved = c.stored_offset("etl", parts[0])
+    assert moved is not None
+    c.store_offsets("etl", {parts[0]: moved + 1})  # another client of the name moves it on
+    failing[0] = False
+    summary = run()
+    assert summary["lag_after"] == 0 and "data_loss" not in summary
+    assert sorted(b for b in got[20:] if b.startswith(added.encode())) == sorted(new[:8])  # partition 2 whole
+    assert set(got[20:]) - set(new[:8]) <= set(new[8:])  # partition 0: after where the other client put it
+    assert Counter(got).most_common(1)[0][1] == 1

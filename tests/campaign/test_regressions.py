@@ -417,3 +417,22 @@ def test_the_spark_publish_rule_finds_each_message_once_and_every_consumer_reads
     finally:
         machine._cleanup()
     assert STATS["spark_publish:ok"] >= 2
+
+
+def test_an_unfinished_run_planned_anew_starts_where_its_sink_never_delivered(state: CampaignMachine) -> None:
+    """Invariant (a), found by `make campaign` (batch seed 2622322657) and shrunk by hand. A latest
+    consumer's run failed in its sink (its record `planned`); retention then passed the consumer's
+    stored offset on `ss-0` and the broker forgot it, so the retry planned anew (the watermark
+    "moved") and placed `ss-0` at the failed record's end, as if its range had been delivered: the
+    data-loss report named only what lay past that end (17 messages the consumer owed, unreported).
+    A record's ends place its consumer only once its sink succeeded (`plan._recorded_positions`).
+    Seen failing with `_recorded_positions` taking the ends of a `planned` record."""
+    steps(
+        state,
+        ("bind_partition", {}),
+        ("dagster_ranges", {"new": 5, "quarter": 1, "to": "ss"}),
+        ("run_with_late_data", {"pipeline": "c4@ss"}),
+        ("publish", {"n": 20, "to": "ss"}),
+        ("run_failing_sink", {"after": 0, "late": 7, "pipeline": "c4@ss", "retry": False}),
+        ("truncate", {"before": 28, "stream": "ss-0"}),
+    )

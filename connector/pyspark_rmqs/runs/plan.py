@@ -92,7 +92,7 @@ class ReadPlan:
     @property
     def delivered(self) -> bool:
         """A resumed run whose sink already succeeded: it only stores the watermark."""
-        return self.record is not None and self.record.state in (run_record.DELIVERED, run_record.STORED)
+        return self.record is not None and self.record.delivered
 
     @property
     def token(self) -> RunToken:
@@ -161,8 +161,8 @@ def plan_range(
     recorded: dict[str, int] = {}
     if consumer:
         stored = dict(seen)
-        if usable is not None:  # where the last run ended, on partitions that stored nothing yet
-            recorded = {s: r[1] for s, r in usable.ranges.items() if seen.get(s) is None}
+        if usable is not None:  # where the record leaves the consumer, on partitions storing nothing
+            recorded = _recorded_positions(usable, seen)
     starts = resolve_positions(client, b, start, is_end=False, stored=stored, fallback=starting_offsets)
     lost = timestamp_start_loss(client, b, start, fail_on_data_loss)
     if isinstance(start, str) and start == "watermark":
@@ -196,6 +196,19 @@ def plan_range(
     )
 
 
+def _recorded_positions(record: RunRecord, seen: Mapping[str, int | None]) -> dict[str, int]:
+    """Where `record` leaves its consumer on each partition stream with no stored offset (never
+    stored, or forgotten by the broker once retention passed it): a range's end once its sink
+    succeeded (`delivered` or `stored`), its start while the record is only `planned`.
+
+    An unfinished record planned anew (someone moved another partition's watermark) did not deliver
+    its ranges: starting past them would skip them silently. An exactly-once output that committed
+    them before the try died skips what it holds (`consume`'s committed spans); an at-least-once sink
+    reads them again, as any retry does.
+    """
+    return {s: (r[1] if record.delivered else r[0]) for s, r in record.ranges.items() if seen.get(s) is None}
+
+
 def _new_partitions(
     seen: Mapping[str, int | None], recorded: Mapping[str, int], starts: Mapping[str, int]
 ) -> dict[str, int]:
@@ -226,7 +239,7 @@ def _resumed(w: Watermarks, record: RunRecord, incarnations: dict[str, int], fai
     starts = {s: r[0] for s, r in record.ranges.items()}
     ends = {s: r[1] for s, r in record.ranges.items()}
     firsts = {p.stream: p.first for p in w.partitions}
-    delivered = record.state in (run_record.DELIVERED, run_record.STORED)
+    delivered = record.delivered
     gone: dict[str, list[int]] = {}
     for s in starts:
         first = firsts.get(s)

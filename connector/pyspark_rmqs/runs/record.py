@@ -86,6 +86,11 @@ class RunRecord:
     def done(self) -> bool:
         return self.state == STORED
 
+    @property
+    def delivered(self) -> bool:
+        """Whether the run's sink succeeded: its ranges' ends are where the consumer stands."""
+        return self.state in (DELIVERED, STORED)
+
     def moved_to(self, state: str) -> RunRecord:
         assert state in STATES
         return replace(self, state=state, updated_at=time.time())
