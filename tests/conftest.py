@@ -149,6 +149,7 @@ FILE_GROUPS = {
     "tests/e2e/faults/test_broker_restart.py": "restartable",
     "tests/e2e/faults/test_paused_broker.py": "restartable",
     "tests/airflow/test_trigger_restart.py": "restartable",
+    "tests/campaign/test_broker_faults.py": "restartable",
     # They wait for the broker's clock to cross minute boundaries at ~0 CPU (50-80 s each): one after
     # the other on one worker, so that two workers never wait on the clock at once while a core idles
     # (a fresh clone's run: two did, and the machine's CPU fell to 21-70% for a minute).
