@@ -8,6 +8,9 @@ exception to itself (a step failure event); its innermost cause's class and mess
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +41,26 @@ class DagsterRuns:
             vhost=settings.vhost,
         )
         self._instance: DagsterInstance | None = None
+        self._owner = threading.get_ident()
 
     @property
     def instance(self) -> DagsterInstance:
         if self._instance is None:
             self._instance = DagsterInstance.ephemeral()
         return self._instance
+
+    @contextlib.contextmanager
+    def _run_instance(self) -> Iterator[DagsterInstance]:
+        """The sequence's instance in its own thread; in another (the first of two concurrent runs), an
+        instance of its own, as a second run worker has (SQLite storage stays in its thread)."""
+        if threading.get_ident() == self._owner:
+            yield self.instance
+            return
+        instance = DagsterInstance.ephemeral()
+        try:
+            yield instance
+        finally:
+            instance.dispose()
 
     def close(self) -> None:
         """Dispose of the instance here (its SQLite storage refuses to be closed from the thread a
@@ -102,24 +119,25 @@ class DagsterRuns:
     ) -> Attempt:
         """Materialize `asset` (node `name`, one partition key or none) into `attempt`: its metadata as
         the summary, or the innermost cause of the step's failure as a `DagsterStepError`."""
-        result = materialize(
-            [asset],
-            resources={"rabbitmq": self.resource},
-            instance=self.instance,
-            partition_key=partition_key,
-            raise_on_error=False,
-        )
-        if result.success:
-            (m,) = result.asset_materializations_for_node(name)
-            attempt.summary = {k: v.value for k, v in m.metadata.items()}
+        with self._run_instance() as instance:
+            result = materialize(
+                [asset],
+                resources={"rabbitmq": self.resource},
+                instance=instance,
+                partition_key=partition_key,
+                raise_on_error=False,
+            )
+            if result.success:
+                (m,) = result.asset_materializations_for_node(name)
+                attempt.summary = {k: v.value for k, v in m.metadata.items()}
+                return attempt
+            attempt.error = DagsterStepError("DagsterRunFailure", "the run failed without a step failure")
+            for event in result.all_events:
+                if event.event_type == DagsterEventType.STEP_FAILURE and event.step_failure_data:
+                    error = event.step_failure_data.error
+                    while error is not None and error.cause is not None:
+                        error = error.cause
+                    if error is not None:
+                        message = error.message.split(": ", 1)[-1].strip()
+                        attempt.error = DagsterStepError(error.cls_name or "Exception", message)
             return attempt
-        attempt.error = DagsterStepError("DagsterRunFailure", "the run failed without a step failure")
-        for event in result.all_events:
-            if event.event_type == DagsterEventType.STEP_FAILURE and event.step_failure_data:
-                error = event.step_failure_data.error
-                while error is not None and error.cause is not None:
-                    error = error.cause
-                if error is not None:
-                    message = error.message.split(": ", 1)[-1].strip()
-                    attempt.error = DagsterStepError(error.cls_name or "Exception", message)
-        return attempt

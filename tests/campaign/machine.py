@@ -247,18 +247,20 @@ class CampaignMachine(SensorRules):
                 self._publish(p.target, fresh)
             self._settle(p, self._attempt(p, Hooks(), **kw), None)
 
-    @rule(pipeline=st.sampled_from(AIRFLOW_PIPELINES), n=st.integers(1, 10), close_lease=st.booleans())
+    @rule(pipeline=st.sampled_from(PIPELINES), n=st.integers(1, 10), close_lease=st.booleans())
     def concurrent_runs(self, pipeline: str, n: int, close_lease: bool) -> None:
         """Two runs of one consumer at once (n new messages first): the first is held inside its
         sink while the second starts; with `close_lease` the first's lease connection is closed
         meanwhile (management API). Without it, only the first delivers; with it, the second may
         deliver while the first is still inside the sink call it began before its lease ended,
-        but the first begins no batch after that, and commits nothing (invariant b)."""
+        but the first begins no batch after that, and commits nothing (invariant b). For the
+        Dagster consumer: two materializations of its asset at once (a second launch while the
+        first runs: Dagster's concurrency pools are opt-in)."""
         if not self._step("concurrent_runs"):
             return
         p = self.model.pipelines[pipeline]
-        if p.engine != "airflow" or not self.model.target_exists(p.target) or not self._may_run(p):
-            return self._skip("concurrent-not-applicable")  # Dagster serialises runs in its pools
+        if not self.model.target_exists(p.target) or not self._may_run(p):
+            return self._skip("concurrent-not-applicable")
         if close_lease and self._avoided("lease-close"):
             close_lease = False
         self._publish(p.target, n)

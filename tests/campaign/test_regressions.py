@@ -436,3 +436,19 @@ def test_an_unfinished_run_planned_anew_starts_where_its_sink_never_delivered(st
         ("run_failing_sink", {"after": 0, "late": 7, "pipeline": "c4@ss", "retry": False}),
         ("truncate", {"before": 28, "stream": "ss-0"}),
     )
+
+
+def test_two_dagster_materializations_at_once_deliver_each_message_once(state: CampaignMachine) -> None:
+    """`concurrent_runs` for the Dagster consumer: a second materialization of its asset while the
+    first is inside its sink gets `ConsumerBusyError`; with the first's lease connection closed,
+    the second delivers and the first stops with `LeaseLostError` before its commit. Every message
+    once in the exactly-once output (invariants b and e)."""
+    steps(
+        state,
+        ("publish", {"n": 20, "to": "ss"}),
+        ("concurrent_runs", {"pipeline": "c5@ss", "n": 5, "close_lease": False}),
+        ("concurrent_runs", {"pipeline": "c5@a", "n": 5, "close_lease": True}),
+        ("publish", {"n": 5, "to": "a"}),
+        ("run", {"pipeline": "c5@a"}),
+    )
+    assert STATS["concurrent:second:ConsumerBusyError"] >= 1 and STATS["concurrent:second:ok"] >= 1
