@@ -75,6 +75,7 @@ OPERATIONS = (
     "recreate",
     "delete_or_create",
     "bind_partition",
+    "drop_partition",
     "backfill",
     "explicit_run",
     "concurrent_runs",

@@ -196,7 +196,7 @@ class CampaignBase(RuleBasedStateMachine):
         if not key.startswith("ss-"):
             return self.names[key]
         name = f"{self.names['ss']}-{key[3:]}"
-        return name if name in self.model.partitions else None
+        return name if name in self.model.targets["ss"].partitions else None
 
     def _stored(self, p: PipelineModel) -> dict[str, int | None]:
         """`p`'s stored watermark on each partition stream of its target that exists now.
@@ -327,6 +327,13 @@ class CampaignBase(RuleBasedStateMachine):
         if attempt.data_loss and not spans:  # reported without offsets: every loss of its target
             streams = set(self._target(p).partitions)
             spans = {s: [0, self.model.partitions[s].first] for s in streams if s in self.model.partitions}
+        # A partition stream deleted and left so took its messages with it: a report naming what a
+        # run had planned there is true (the model no longer knows those messages: no false alarm).
+        spans = {
+            s: v
+            for s, v in spans.items()
+            if s not in self.model.partitions or self.model.partitions[s].exists
+        }
         if spans:
             named = {m.body for m in self.model.named(spans)}
             # A run from offsets or times the user gave asked for the offsets it reports: what retention

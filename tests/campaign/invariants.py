@@ -46,7 +46,7 @@ def _short(bodies: Sequence[bytes] | set[bytes], limit: int = 8) -> str:
 def check_output(model: Model, p: PipelineModel, rows: Sequence[Row]) -> Counter[bytes]:
     """(a) promised messages are there, (b) at most once where exactly-once, nothing foreign."""
     counts: Counter[bytes] = Counter(body for body, _, _ in rows)
-    partitions = set(model.targets[p.target].partitions)
+    partitions = set(model.targets[p.target].partitions) | model.targets[p.target].dropped
     for body, stream, offset in rows:
         m = model.messages.get(body)
         if m is None or m.stream not in partitions:

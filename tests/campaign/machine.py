@@ -149,6 +149,23 @@ class CampaignMachine(SensorRules):
             raise Violation("model", f"{ss} lists {self.ops.partitions(ss)} after binding {name}")
         self._touch("ss")
 
+    @precondition(lambda self: len(self.model.targets["ss"].partitions) == 3)
+    @rule()
+    def drop_partition(self) -> None:
+        """Delete the third partition stream of the super stream and leave it deleted (its binding
+        goes with it: producers route over two again); `bind_partition` may bind a new one later.
+        Runs go on over the partitions left; one resuming a record that planned the deleted one
+        reports its range lost."""
+        if not self._step("drop_partition"):
+            return
+        ss = self.names["ss"]
+        name = f"{ss}-2"
+        self.ops.delete_stream(name)
+        self.model.drop_partition("ss", name)
+        if self.ops.partitions(ss) != self.model.targets["ss"].partitions:
+            raise Violation("model", f"{ss} lists {self.ops.partitions(ss)} after deleting {name}")
+        self._touch("ss")
+
     @rule(pipeline=st.sampled_from(PIPELINES), quarter=st.integers(0, 4))
     def backfill(self, pipeline: str, quarter: int) -> None:
         """A backfill over explicit offsets (from a quarter of each tail to the tail): stores nothing."""

@@ -61,6 +61,9 @@ class TargetModel:
     name: str
     superstream: bool
     partitions: list[str]
+    # Partition streams once bound and since deleted and left so (`drop_partition`): outputs may
+    # hold what runs read from them before.
+    dropped: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -112,9 +115,20 @@ class Model:
             self.partitions[p] = Partition(p)
 
     def add_partition(self, target: str, stream: str) -> None:
-        """A partition bound to a super stream after the fact (routing now spreads over one more)."""
+        """A partition bound to a super stream after the fact (routing now spreads over one more); a
+        stream of that name deleted before is a new incarnation."""
         self.targets[target].partitions.append(stream)
-        self.partitions[stream] = Partition(stream)
+        if stream in self.partitions:
+            self.create(stream)
+        else:
+            self.partitions[stream] = Partition(stream)
+
+    def drop_partition(self, target: str, stream: str) -> None:
+        """A partition stream deleted and left so: its binding went with it (routing spreads over one
+        fewer), and its messages are gone, owed to nobody."""
+        self.targets[target].partitions.remove(stream)
+        self.targets[target].dropped.add(stream)
+        self.delete(stream)
 
     def delete(self, stream: str) -> None:
         part = self.partitions[stream]

@@ -452,3 +452,30 @@ def test_two_dagster_materializations_at_once_deliver_each_message_once(state: C
         ("run", {"pipeline": "c5@a"}),
     )
     assert STATS["concurrent:second:ConsumerBusyError"] >= 1 and STATS["concurrent:second:ok"] >= 1
+
+
+def test_a_partition_left_deleted_is_owed_to_nobody_and_a_record_that_planned_it_reports_it(
+    state: CampaignMachine,
+) -> None:
+    """`drop_partition`: the third partition stream deleted and left so, with a record of c2 that
+    planned it unfinished (its sink failed): c2's retry fails with `DataLossError` naming the
+    partition (the final check runs it again with fail_on_data_loss=False), the other consumers go
+    on over two partitions, and a partition bound again later is a new incarnation, read whole."""
+    steps(
+        state,
+        ("publish", {"n": 20, "to": "ss"}),
+        ("bind_partition", {}),
+        ("publish", {"n": 30, "to": "ss"}),
+        ("run", {"pipeline": "c1@ss"}),
+        ("run_failing_sink", {"after": 0, "late": 3, "pipeline": "c2@ss", "retry": False}),
+        ("drop_partition", {}),
+        ("run", {"pipeline": "c2@ss"}),
+        ("publish", {"n": 10, "to": "ss"}),
+        ("run", {"pipeline": "c1@ss"}),
+        ("run", {"pipeline": "c5@ss"}),
+        ("bind_partition", {}),
+        ("publish", {"n": 30, "to": "ss"}),
+        ("run", {"pipeline": "c3@ss"}),
+        ("run", {"pipeline": "c2@ss"}),
+    )
+    assert STATS["outcome:watermark:DataLossError"] >= 1
