@@ -114,6 +114,22 @@ class DagsterRuns:
         )
         return bool(getattr(tick, "run_requests", None))
 
+    def observed_lag(self, asset: Any) -> int | None:
+        """One tick of Dagster's observation sensor of `asset` (`build_observation_sensor`, no cursor):
+        the `total_lag` its observation records (None: it recorded none)."""
+        from dagster import build_sensor_context
+
+        from dagster_rmqs import build_observation_sensor
+
+        tick = build_observation_sensor(asset)(
+            build_sensor_context(resources={"rabbitmq": self.resource}, instance=self.instance)
+        )
+        events = getattr(tick, "asset_events", None) or []
+        if not events:
+            return None
+        lag = events[0].metadata.get("total_lag")
+        return None if lag is None else int(lag.value)
+
     def materialize(
         self, asset: Any, name: str, attempt: Attempt, partition_key: str | None = None
     ) -> Attempt:
