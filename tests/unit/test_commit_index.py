@@ -12,7 +12,8 @@ that a late retry of any run still finds its record (or, once expired, its whole
 from __future__ import annotations
 
 import json
-import os
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,9 @@ tokens = st.builds(
     ),
     st.dictionaries(st.sampled_from(STREAMS), st.sampled_from((0, 5, 9))),
 )
-KILLS = (("write_bytes", 1), ("delete", 1), ("move", 1), ("move", 2))  # a compaction's steps
+# A compaction's steps: its files object written, its spans object written, the spans object and
+# the files object of the index it read deleted, its records moved.
+KILLS = (("write_bytes", 1), ("write_bytes", 2), ("delete", 1), ("delete", 2), ("move", 1), ("move", 2))
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("commit"), tokens),
@@ -122,10 +125,14 @@ steps = st.lists(
         st.tuples(st.just("commit"), tokens),
         st.tuples(st.just("commit_no_compaction"), tokens),  # the writer died after its record
         st.tuples(st.just("killed_compaction"), st.sampled_from(KILLS)),
-        st.tuples(st.just("racing_compaction"), tokens),  # a commit and a compaction inside another
+        # a commit and a compaction inside another, before its files object or its spans object
+        st.tuples(st.just("racing_compaction"), st.tuples(tokens, st.sampled_from((1, 2)))),
         st.tuples(st.just("drop_index"), st.none()),
-        st.tuples(st.just("old_index_back"), st.none()),  # a stale index object beside the newer
+        st.tuples(st.just("old_index_back"), st.none()),  # a stale index beside the newer
         st.tuples(st.just("garbage_index"), st.none()),
+        st.tuples(st.just("garbage_files"), st.none()),  # the file list damaged, the spans whole
+        st.tuples(st.just("files_gone"), st.none()),  # the file list deleted, the spans kept
+        st.tuples(st.just("legacy_index"), st.none()),  # as rmqs before issue 47 left the folder
         st.tuples(st.just("compact_now"), st.none()),
         st.tuples(st.just("expire"), st.sampled_from((None, 1, 2))),  # killed before its n-th delete
     ),
@@ -150,8 +157,8 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
     commits = FileCommits(str(root))
     made: dict[str, RunToken] = {}  # every commit, by token: the model
     expired: set[str] = set()
-    old_index: tuple[str, bytes] | None = None
-    index_dir = root / COMMITS / commit_index.INDEX_DIR
+    old_index: dict[Path, bytes] = {}  # the first index seen (its spans and files objects)
+    where = root / COMMITS
 
     def commit(token: RunToken, compacts: bool = True) -> None:
         if commits.record(token) is None and token.value not in expired:  # as runs do
@@ -171,20 +178,30 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             except Killed:
                 pass
         elif op == "racing_compaction":  # A reads; a run commits and B compacts; then A writes
+            token, at = arg
 
-            def other(arg: RunToken = arg) -> None:
-                commit(arg, compacts=False)
+            def other(token: RunToken = token) -> None:
+                commit(token, compacts=False)
                 commit_index.compact(commits, every=1)
 
-            commit_index.compact(FaultyFolder(commits, "write_bytes", 1, before=other), every=1)
-        elif op == "drop_index":  # the whole of `_index/` (an older object put back alone is not safe)
-            for p in index_dir.glob("*") if index_dir.is_dir() else []:
+            commit_index.compact(FaultyFolder(commits, "write_bytes", at, before=other), every=1)
+            arg = token
+        elif op == "drop_index":  # the whole index (an older one put back alone is not safe)
+            for p in _index_objects(where):
                 p.unlink()
-            old_index = None
-        elif op == "old_index_back" and old_index is not None:
-            (index_dir / old_index[0]).write_bytes(old_index[1])
-        elif op == "garbage_index" and index_dir.is_dir() and any(index_dir.glob("*.json")):
-            next(index_dir.glob("*.json")).write_text('{"version": 2, "spans": [')
+            old_index = {}
+        elif op == "old_index_back":
+            for p, body in old_index.items():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(body)
+        elif op == "garbage_index" and (spans := sorted(where.glob(f"{commit_index.INDEX_PREFIX}*"))):
+            spans[0].write_text('{"version": 3, "spans": [')
+        elif op == "garbage_files" and (lists := sorted(where.glob(f"{commit_index.FILES_DIR}/*"))):
+            lists[0].write_text('["rmqs_run=')
+        elif op == "files_gone" and (lists := sorted(where.glob(f"{commit_index.FILES_DIR}/*"))):
+            lists[0].unlink()
+        elif op == "legacy_index":
+            _as_legacy(commits, where)
         elif op == "compact_now":
             commit_index.compact(commits, every=1)
         elif op == "expire":
@@ -195,9 +212,31 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             except Killed:
                 pass
             expired |= before - _records(root)
-        for p in index_dir.glob("*.json") if index_dir.is_dir() and old_index is None else []:
-            old_index = (p.name, p.read_bytes())
+        if not old_index:
+            old_index = {p: p.read_bytes() for p in _index_objects(where)}
         _check(root, commits, made, expired, probe, arg if isinstance(arg, RunToken) else None)
+
+
+def _index_objects(folder: Path) -> list[Path]:
+    """Every index object: spans objects, files objects, and an earlier version's objects."""
+    return [
+        *folder.glob(f"{commit_index.INDEX_PREFIX}*.json"),
+        *folder.glob(f"{commit_index.FILES_DIR}/*.json"),
+        *folder.glob(f"{commit_index.INDEX_DIR}/*.json"),
+    ]
+
+
+def _as_legacy(commits: FileCommits, folder: Path) -> None:
+    """The folder as rmqs before issue 47 left it: one index object of format 2 (the spans, then
+    the files) in `_index/`, holding every commit, the records archived."""
+    union = commit_index.snapshot(commits)
+    for p in _index_objects(folder):
+        p.unlink()
+    legacy = folder / commit_index.INDEX_DIR
+    legacy.mkdir(parents=True, exist_ok=True)
+    (legacy / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json").write_bytes(union.to_bytes())
+    for name in union.listed:
+        commits.move(name, f"{commit_index.ARCHIVE_DIR}/{name}")
 
 
 def _records(root: Path) -> set[str]:
@@ -225,15 +264,19 @@ def _check(
 
 
 class CountingFolder(FileCommits):
-    """FileCommits counting the records it reads and the names it lists."""
+    """FileCommits counting the records it reads, the bytes of index objects and the names it lists."""
 
     reads = 0
     listed = 0
+    index_bytes = 0
 
     def read_bytes(self, name: str) -> bytes | None:
-        if not name.startswith(commit_index.INDEX_DIR):
+        body = super().read_bytes(name)
+        if not name.startswith("_") or name.startswith(commit_index.ARCHIVE_DIR):
             CountingFolder.reads += 1
-        return super().read_bytes(name)
+        else:
+            CountingFolder.index_bytes += len(body or b"")
+        return body
 
     def list_names(self, sub: str = "") -> list[str]:
         names = super().list_names(sub)
@@ -247,21 +290,56 @@ def test_a_run_lists_and_reads_fewer_records_than_the_compaction_interval_whatev
     commits = CountingFolder(str(tmp_path))
     for i in range(1000):
         commits.commit(RunToken("c", {"s": (i * 10, i * 10 + 10)}), [f"f{i}.parquet"], 10, 1)
-    CountingFolder.reads = CountingFolder.listed = 0
+    CountingFolder.reads = CountingFolder.listed = CountingFolder.index_bytes = 0
     probe = RunToken("c", {"s": (9_990, 10_020)})
     assert commits.committed_spans(probe) == {"s": [(9_990, 10_000)]}
     assert CountingFolder.reads < commit_index.COMPACT_EVERY, CountingFolder.reads
+    # One listing: the records (fewer than 16), the index's spans object, `_archive/`, `_files/`.
     assert CountingFolder.listed <= commit_index.COMPACT_EVERY + 2, CountingFolder.listed
+    # The index's spans only (one span: the same at 1,000 runs as at 16), never its file list
+    # (the whole index was read before issue 47's split: 30 KB here, 437 KB at 10,000 runs).
+    assert CountingFolder.index_bytes < 200, CountingFolder.index_bytes
     assert len(committed_files(str(tmp_path))) == 1000
     # A late retry of the first run finds its record, archived.
     assert commits.record(RunToken("c", {"s": (0, 10)})) is not None
     # The index is a cache: without it, the same answer from the archived records.
-    for p in (tmp_path / COMMITS / commit_index.INDEX_DIR).iterdir():
+    index = _index_objects(tmp_path / COMMITS)
+    assert len(index) == 2, index  # one index: its spans object and its files object
+    for p in index:
         p.unlink()
     CountingFolder.reads = 0
     assert commits.committed_spans(probe) == {"s": [(9_990, 10_000)]}
     assert CountingFolder.reads == 1000
-    assert os.listdir(tmp_path / COMMITS / commit_index.INDEX_DIR) == []  # a read writes nothing
+    assert _index_objects(tmp_path / COMMITS) == []  # a read writes nothing
+
+
+def test_an_index_of_the_earlier_format_is_read_then_folded_into_the_new_one(tmp_path: Path) -> None:
+    """An output compacted by rmqs before the split (one object of spans and files in `_index/`):
+    runs and readers answer from it, and the next compaction writes the new index and deletes it."""
+    commits = FileCommits(str(tmp_path))
+    runs = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(40)]
+    every, commit_index.COMPACT_EVERY = commit_index.COMPACT_EVERY, 10**9
+    try:
+        for t in runs[:35]:
+            commits.commit(t, [_file(t)], 10, 1)
+    finally:
+        commit_index.COMPACT_EVERY = every
+    where = tmp_path / COMMITS
+    _as_legacy(commits, where)
+    assert [p.parent.name for p in _index_objects(where)] == [commit_index.INDEX_DIR]
+    assert sorted(where.iterdir()) == [where / commit_index.ARCHIVE_DIR, where / commit_index.INDEX_DIR]
+    probe = RunToken("c", {"s": (0, 400)})
+    assert commits.committed_spans(probe) == {"s": [(0, 350)]}
+    assert committed_files(str(tmp_path)) == sorted(str(tmp_path / _file(t)) for t in runs[:35])
+    assert commits.record(runs[0]) is not None
+    for t in runs[35:]:
+        commits.commit(t, [_file(t)], 10, 1)
+    assert commit_index.compact(commits, every=1)
+    objects = _index_objects(where)
+    assert sorted(p.name.startswith(commit_index.INDEX_PREFIX) for p in objects) == [False, True], objects
+    assert [p.parent.name for p in objects if p.parent != where] == [commit_index.FILES_DIR]
+    assert commits.committed_spans(probe) == {"s": [(0, 400)]}
+    assert committed_files(str(tmp_path)) == sorted(str(tmp_path / _file(t)) for t in runs)
 
 
 def test_expire_keeps_what_a_late_retry_and_a_reader_need(tmp_path: Path) -> None:
@@ -277,7 +355,7 @@ def test_expire_keeps_what_a_late_retry_and_a_reader_need(tmp_path: Path) -> Non
     assert covers(commits.committed_spans(old[0]), old[0].ranges)
     assert len(committed_files(str(tmp_path))) == 40
     # With the index deleted too, the expired snapshot answers.
-    for p in (tmp_path / COMMITS / commit_index.INDEX_DIR).iterdir():
+    for p in _index_objects(tmp_path / COMMITS):
         p.unlink()
     assert covers(commits.committed_spans(old[5]), old[5].ranges)
     assert len(committed_files(str(tmp_path))) == 40
@@ -336,7 +414,7 @@ def test_on_an_object_store_the_listed_prefix_stays_bounded_and_expire_keeps_lat
     for t in runs[:17]:
         commits.commit(t, [_file(t)], 10, 1)
     listed = [k for k in s3.keys(bucket, "orders/_rmqs_commits/") if k.count("/") == 2 and k[-1] != "/"]
-    assert len(listed) == 1, listed  # 16 folded and archived, the 17th listed
+    assert len(listed) == 2 and "/_index-" in listed[1], listed  # 16 folded and archived, the 17th listed
     for t in runs[17:]:  # two more, then a compaction killed after its index write
         commits.commit(t, [_file(t)], 10, 1)
     try:
@@ -355,4 +433,54 @@ def test_on_an_object_store_the_listed_prefix_stays_bounded_and_expire_keeps_lat
     assert commits.record(runs[0]) is None and covers(commits.committed_spans(runs[0]), runs[0].ranges)
     assert committed_files(out, storage_options=s3.storage_options()) == answer
     kept = [k for k in s3.keys(bucket, "orders/_rmqs_commits/") if not k.endswith("/")]  # not markers
-    assert len(kept) == 2 and "/_index/" in kept[1] and "/_archive/_expired-" in kept[0], kept
+    assert len(kept) == 3, kept  # the expired snapshot, and the index: its files, its spans
+    assert "/_archive/_expired-" in kept[0] and "/_files/" in kept[1] and "/_index-" in kept[2], kept
+
+
+def test_on_s3_a_run_makes_one_listing_and_reads_no_file_list(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's S3 server through s3fs (`storage_options`): the requests of a run's look-ups on its
+    output (`record`, `committed_spans`) and of its file's publish. Through pyarrow's fsspec handler
+    a read was a HEAD (and, for an absent record, a listing too) and the publish's move three
+    listings and three HEADs; a listing's cost grows with the bucket on moto (it scans every key)."""
+    import pyarrow as pa
+    import s3fs
+
+    from pyspark_rmqs.runs.consume import ParquetSink
+    from pyspark_rmqs.runs.outputs.delivery import StoreCommits
+    from pyspark_rmqs.runs.outputs.objectstore import locate
+
+    calls: list[tuple[str, str]] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counted(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(
+            (getattr(method, "__name__", str(method)), str(kwargs.get("Key") or kwargs.get("Prefix")))
+        )
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    out = f"s3://{s3.new_bucket('requests')}/orders"
+    commits = StoreCommits(locate(out, storage_options=s3.storage_options()))
+    for i in range(40):  # two compactions: one index, 8 records listed
+        t = RunToken("c", {"s": (i * 10, i * 10 + 10)})
+        commits.commit(t, [_file(t)], 10, 1)
+    token = RunToken("c", {"s": (400, 410)})
+    calls.clear()
+    assert commits.record(token) is None
+    assert commits.committed_spans(token) == {}
+    methods = sorted(m for m, _ in calls)
+    # The record where it would be, then in the archive; one listing; the index's spans and the
+    # 8 listed records. No HEAD, no second listing, no file list.
+    assert methods == ["get_object"] * 11 + ["list_objects_v2"], calls
+    assert not [k for _, k in calls if f"/{commit_index.FILES_DIR}/" in k], calls
+    sink = ParquetSink(out, storage_options=s3.storage_options())
+    sink.begin_run(token)
+    sink.open("s", 400, 410, pa.schema([("offset", pa.int64())]))
+    sink.write(pa.record_batch([pa.array(range(400, 410), pa.int64())], names=["offset"]))
+    calls.clear()
+    sink.close()
+    # The move to the final name (the upload's own PUT goes through s3fs's file object, not
+    # counted here): a HEAD (the size), the copy, the delete.
+    assert sorted(m for m, _ in calls) == ["copy_object", "delete_object", "head_object"], calls

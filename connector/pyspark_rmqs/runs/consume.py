@@ -40,7 +40,7 @@ from pyspark_rmqs.runs.outputs.delivery import (
     fsync_file,
     takes_token,
 )
-from pyspark_rmqs.runs.outputs.objectstore import locate
+from pyspark_rmqs.runs.outputs.objectstore import locate, move_file
 from pyspark_rmqs.runs.plan import ReadPlan, report_retry_loss
 from pyspark_rmqs.runs.steps import finish_run, new_summary, skip_delivered
 from pyspark_rmqs.runs.summary import RunSummary
@@ -185,7 +185,7 @@ class ParquetSink:
         self._writer = None
         if self.location.local:
             fsync_file(Path(self._tmp))  # on disk before the commit record names it
-        self.fs.move(self._tmp, self._final)
+        move_file(self.fs, self._tmp, self._final)
         rel = self.location.relative(self._final)
         self.written.append(rel)
         self.outputs.append(self._final if self.location.local else self.location.uri_of(rel))

@@ -7,30 +7,48 @@ twice), and a reader needs every committed file (`committed.py`). Reading or eve
 record costs a round trip (or a listed key) per earlier run, linear in the history.
 
 So, as Spark's file sink log compacts every N batches: once `COMPACT_EVERY` records sit in the
-folder, a run folds them into an index object `_rmqs_commits/_index/<id>.json` (the committed
-offset spans merged per consumer, stream and stream incarnation, then the files), and then moves
-the records it folded into `_rmqs_commits/_archive/`, out of the listed prefix. A run or a reader
-lists the folder (fewer than `COMPACT_EVERY` names), lists `_index/` (one object, a few while
-compactions race) and reads those; a run parses only the index's first line (the spans).
+folder, a run folds them into an index, and then moves the records it folded into
+`_rmqs_commits/_archive/`, out of the listed folder. An index is two objects with one id:
+
+- `_rmqs_commits/_index-<id>.json`, in the listed folder itself: the committed offset spans merged
+  per consumer, stream and stream incarnation (a history of runs is one span: a few hundred bytes
+  whatever the history). All a run reads.
+- `_rmqs_commits/_files/<id>.json`: every committed file. Only readers and compactions read it
+  (its size is the answer `committed_files` gives: O(files), inherently).
+
+A run lists the folder once (fewer than `COMPACT_EVERY` records and one index object, a few while
+compactions race) and reads those objects in parallel: no second listing, no file list.
 
 Crash safety, the order of a compaction (`compact`):
 
-1. read every index object and every listed record (a record listed but gone was archived by a
-   concurrent compaction meanwhile: it is read from the archive);
-2. write their union as a new index object, whole or not at all (a rename, or one object PUT);
-3. delete the index objects it read (the new one holds everything they held);
+1. read every index object (spans and files) and every listed record (a record listed but gone was
+   archived by a concurrent compaction meanwhile: it is read from the archive);
+2. write their union: the files object, then the spans object naming the same id, each whole or
+   not at all (a rename, or one object PUT). An index is listed by its spans object only, so it is
+   never seen without its files;
+3. delete the index objects it read (the new one holds everything they held): the spans object
+   first, then its files object (a kill in between leaves an unlisted files object, never read);
 4. move the records it folded into `_archive/` (a rename; copy then delete on an object store).
 
-So a token is always in a listed record or in an index object present, and a reader unions every
-index object it lists (an object deleted between its listing and its read is subsumed by a newer
-one: it lists again). A kill anywhere leaves a record both listed and indexed, or two index
-objects, which the union reads as one. Two runs compacting at once each write their own object and
-delete only what they read, so neither hides the other's records. Nothing is ever overwritten.
+So a token is always in a listed record or in an index present, and a read unions every index it
+lists (an index deleted between the listing and its read is subsumed by a newer one: it lists
+again). The folder is listed once for both the records and the index objects; a listing is not
+an atomic snapshot, but a record is moved only after every index object its compaction read was
+deleted, so a listing that missed a moved record either lists the new index, or lists an old one
+that reads as gone (and lists again), or lists none (and reads the archive). A kill anywhere
+leaves a record both listed and indexed, or two indexes, which the union reads as one. Two runs
+compacting at once each write their own index and delete only what they read, so neither hides
+the other's records. Nothing is ever overwritten.
 
 The records stay the source of truth: `_archive/` and the listed records hold every commit (with
-`_archive/_expired-<id>.json`, what `expire` folded, see below). Where no index object is present or
-one cannot be parsed (deleted or damaged by hand), a read lists the archive and reads it whole
-(O(history), once: the next compaction writes a complete index again). Deleting `_index/` is safe.
+`_archive/_expired-<id>.json`, what `expire` folded, see below). Where no index is present or one
+cannot be parsed (deleted or damaged by hand), a read lists the archive and reads it whole
+(O(history), once: the next compaction writes a complete index again). Deleting the index
+(`_index-*.json`, `_files/`) is safe.
+
+Indexes of earlier versions (one object holding both, in `_rmqs_commits/_index/`, format 1 or 2)
+are still read, whole, wherever the listing shows an `_index/` folder; the next compaction folds
+them into the new layout and deletes them.
 
 A late retry of an archived run finds its record in `_archive/` (`delivery`'s `record`). Retention
 (`expire`, the `rmqs commits expire` command): archived records older than a cutoff are folded
@@ -52,11 +70,14 @@ from typing import Any, Protocol
 from pyspark_rmqs.runs.incarnation import UNMARKED
 from pyspark_rmqs.runs.incarnation import same as same_incarnation
 
-INDEX_DIR = "_index"
+INDEX_PREFIX = "_index-"  # an index's spans object, in the listed folder
+FILES_DIR = "_files"  # an index's files object
+INDEX_DIR = "_index"  # the index objects of earlier versions (spans and files in one object)
 ARCHIVE_DIR = "_archive"
 EXPIRED = "_expired-"  # an `expire` snapshot's name in the archive
 COMPACT_EVERY = 16  # records in the listed folder before a run folds them in
-VERSION = 2
+VERSION = 3  # an index's spans object
+SNAPSHOT_VERSION = 2  # an expired snapshot (and an index of the previous version): spans, then files
 _NO_CONSUMER = "\u0000"  # a record without a consumer name (an index key must be a string)
 _RELISTS = 5  # an index object gone between listing and read: list again (then read the archive)
 
@@ -69,7 +90,8 @@ class RecordFolder(Protocol):
     remote: bool  # a round trip per object: reads go in parallel
 
     def list_names(self, sub: str = "") -> list[str]:
-        """The file names directly in `sub` (the folder itself by default; [] when absent)."""
+        """The names directly in `sub` (the folder itself by default; [] when absent): files and
+        folders (a folder's name has no `/`; an object store shows a prefix holding objects)."""
         ...
 
     def read_bytes(self, name: str) -> bytes | None:
@@ -91,7 +113,16 @@ class RecordFolder(Protocol):
 
 def record_names(folder: RecordFolder) -> list[str]:
     """The listed records (`<token>.json`), leaving out `_` names and temporary files."""
-    return [n for n in folder.list_names() if n.endswith(".json") and not n.startswith(("_", "."))]
+    return _records(folder.list_names())
+
+
+def _records(names: Iterable[str]) -> list[str]:
+    return [n for n in names if n.endswith(".json") and not n.startswith(("_", "."))]
+
+
+def files_name(index: str) -> str:
+    """The files object of the index whose spans object is `index` (`_index-<id>.json`)."""
+    return f"{FILES_DIR}/{index[len(INDEX_PREFIX) :]}"
 
 
 def read_record(folder: RecordFolder, name: str) -> dict[str, Any] | None:
@@ -111,13 +142,16 @@ class Snapshot:
     spans: Spans = field(default_factory=dict)
     unindexed: int = 0  # records read raw (listed records, or the archive when no index answered)
     listed: list[str] = field(default_factory=list)  # the listed record names (compaction folds these)
+    with_files: bool = True  # False: an index's files object was not read (a run's snapshot)
     _files: dict[str, None] = field(default_factory=dict)
-    _unparsed: list[bytes] = field(default_factory=list)  # index objects' file lists, parsed on demand
+    _unparsed: list[bytes] = field(default_factory=list)  # file lists, parsed on demand
 
     @property
     def files(self) -> list[str]:
-        """Every committed file, each once (a run never asks: only readers parse the file lists)."""
-        for chunk in self._unparsed:  # written by `to_bytes`: a list of strings
+        """Every committed file, each once (parsed only when asked: a reader's, a compaction's)."""
+        if not self.with_files:
+            raise ValueError("this snapshot was read without the index's file list (snapshot(files=True))")
+        for chunk in self._unparsed:  # written by `files_bytes` or `to_bytes`: a list of strings
             self._files.update(dict.fromkeys(json.loads(chunk)))
         self._unparsed.clear()
         return list(self._files)
@@ -135,11 +169,12 @@ class Snapshot:
         )
 
     def merge(self, other: Snapshot) -> None:
-        """Fold another snapshot in (an index object, an expired snapshot)."""
+        """Fold another snapshot in (an index, an expired snapshot)."""
         self.runs += other.runs
         self._add_spans(other.spans)
         self._files.update(other._files)
         self._unparsed += other._unparsed
+        self.with_files = self.with_files and other.with_files
 
     def _add_spans(self, spans: Spans) -> None:
         for consumer, streams in spans.items():
@@ -151,14 +186,23 @@ class Snapshot:
                     if merged:  # merged: a history of runs is one span
                         mine[key] = merged
 
+    def head_bytes(self) -> bytes:
+        """An index's spans object: one line, all a run reads."""
+        return _dumps({"version": VERSION, "runs": self.runs, "spans": self.spans}) + b"\n"
+
+    def files_bytes(self) -> bytes:
+        """An index's files object: the list of files."""
+        return _dumps(self.files) + b"\n"
+
     def to_bytes(self) -> bytes:
-        """Two lines: the spans (all a run parses), then the files (what a reader parses)."""
-        head = {"version": VERSION, "runs": self.runs, "spans": self.spans}
+        """An expired snapshot, one object of two lines: the spans, then the files."""
+        head = {"version": SNAPSHOT_VERSION, "runs": self.runs, "spans": self.spans}
         return b"%s\n%s\n" % (_dumps(head), _dumps(self.files))
 
     @classmethod
-    def parse(cls, body: bytes) -> Snapshot | None:
-        """An index object (or an expired snapshot); None when it is not one (damaged)."""
+    def parse(cls, body: bytes, files: bytes | None = None) -> Snapshot | None:
+        """An index (its spans object, and its files object when read) or an expired snapshot or an
+        index of an earlier version (one object); None when it is not one (damaged)."""
         head_line, _, rest = body.partition(b"\n")
         try:
             head = json.loads(head_line)
@@ -167,11 +211,21 @@ class Snapshot:
         if not isinstance(head, dict):
             return None
         if head.get("version") == 1:  # an index of the first format: one object, `index.json`
-            files = dict.fromkeys(str(f) for f in head.get("files", []))
-            return cls(len(head.get("tokens", [])), head.get("spans", {}), _files=files)
-        if head.get("version") != VERSION or not rest.strip():
+            found = dict.fromkeys(str(f) for f in head.get("files", []))
+            return cls(len(head.get("tokens", [])), head.get("spans", {}), _files=found)
+        if head.get("version") == SNAPSHOT_VERSION and rest.strip():
+            return cls(int(head.get("runs", 0)), head.get("spans", {}), _unparsed=[rest])
+        if head.get("version") != VERSION:
             return None
-        return cls(int(head.get("runs", 0)), head.get("spans", {}), _unparsed=[rest])
+        if files is None:
+            return cls(int(head.get("runs", 0)), head.get("spans", {}), with_files=False)
+        try:  # parsed here, not on demand: a damaged files object must read as a damaged index
+            listed = json.loads(files)
+        except ValueError:
+            return None
+        if not isinstance(listed, list):
+            return None
+        return cls(int(head.get("runs", 0)), head.get("spans", {}), _files=dict.fromkeys(map(str, listed)))
 
     def spans_of(
         self, consumer: str | None, ranges: Mapping[str, tuple[int, int]], incarnations: Mapping[str, int]
@@ -195,23 +249,41 @@ class Snapshot:
         return out
 
 
-def snapshot(folder: RecordFolder) -> Snapshot:
-    """The folder's commits: the index objects, plus every listed record (read raw)."""
-    return _snapshot(folder)[0]
+def snapshot(folder: RecordFolder, *, files: bool = True) -> Snapshot:
+    """The folder's commits: the index, plus every listed record (read raw). `files=False` (a run:
+    spans only) leaves out the index's file list, the one part of it that grows with the history."""
+    return _snapshot(folder, files)[0]
 
 
-def _snapshot(folder: RecordFolder) -> tuple[Snapshot, list[str], list[str]]:
-    """The snapshot, the index objects it read and the listed records it folded in.
+def _snapshot(folder: RecordFolder, files: bool) -> tuple[Snapshot, list[str], list[str]]:
+    """The snapshot, the index objects it listed (spans objects, and earlier versions' objects) and
+    the listed records it folded in.
 
-    The records are listed before the index: a record archived after that listing was indexed
-    before its move, so an index object listed later holds it."""
-    listed = record_names(folder)
-    snap, indexes = _indexes(folder)
-    if snap is None:  # no index object, or a damaged one: the archive answers
+    One listing names both the records and the index, and every object is then read in one
+    parallel round (records with the index): a run pays one listing and one round trip of reads."""
+    indexes: list[str] = []
+    listed: list[str] = []
+    records: list[Any] = []
+    bodies: dict[str, bytes | None] = {}
+    for _ in range(_RELISTS):
+        names = folder.list_names()
+        listed = _records(names)
+        indexes = sorted(n for n in names if n.startswith(INDEX_PREFIX) and n.endswith(".json"))
+        if INDEX_DIR in names:  # an earlier version's index objects: read whole until compacted
+            indexes += [f"{INDEX_DIR}/{n}" for n in folder.list_names(INDEX_DIR) if n.endswith(".json")]
+        wanted = [*indexes, *(files_name(n) for n in indexes if files and n.startswith(INDEX_PREFIX))]
+        found = _read_all(folder, [*wanted, *listed], _read_any)
+        bodies, records = dict(zip(wanted, found[: len(wanted)], strict=True)), found[len(wanted) :]
+        if all(b is not None for b in bodies.values()):
+            break  # else deleted since the listing: a newer index holds what it held
+    else:
+        bodies = {}  # gone at every listing: read as damaged
+    snap = _union(indexes, bodies, files)
+    if snap is None:  # no index, or a damaged one: the archive answers
         snap = _archive(folder)
     snap.listed = listed
     folded = []
-    for name, record in zip(listed, _read_all(folder, listed, read_record), strict=True):
+    for name, record in zip(listed, records, strict=True):
         if record is not None:
             snap.add(record)
             snap.unindexed += 1
@@ -219,24 +291,32 @@ def _snapshot(folder: RecordFolder) -> tuple[Snapshot, list[str], list[str]]:
     return snap, indexes, folded
 
 
-def _indexes(folder: RecordFolder) -> tuple[Snapshot | None, list[str]]:
-    """The union of the index objects (None when there is none, or one is damaged) and their names."""
-    names: list[str] = []
-    for _ in range(_RELISTS):
-        names = [f"{INDEX_DIR}/{n}" for n in folder.list_names(INDEX_DIR) if n.endswith(".json")]
-        if not names:
-            return None, []
-        bodies = _read_all(folder, names, lambda f, n: f.read_bytes(n))
-        if any(b is None for b in bodies):
-            continue  # deleted since the listing: a newer object holds what it held
-        snap = Snapshot()
-        for body in bodies:
-            part = Snapshot.parse(body or b"")
-            if part is None:
-                return None, names
-            snap.merge(part)
-        return snap, names
-    return None, names
+def _read_any(folder: RecordFolder, name: str) -> Any:
+    """An index object's bytes, or a listed record (parsed; read from the archive once moved)."""
+    return folder.read_bytes(name) if name.startswith("_") else read_record(folder, name)
+
+
+def _union(indexes: list[str], bodies: Mapping[str, bytes | None], files: bool) -> Snapshot | None:
+    """The union of the index objects read (None when there is none, or one is missing or damaged)."""
+    if not indexes:
+        return None
+    snap = Snapshot(with_files=files)
+    for name in indexes:
+        body = bodies.get(name)
+        if body is None:
+            return None
+        if name.startswith(INDEX_PREFIX):
+            listed = bodies.get(files_name(name)) if files else None
+            if files and listed is None:
+                return None
+            part = Snapshot.parse(body, listed)
+        else:  # an earlier version's: spans and files in one object
+            part = Snapshot.parse(body)
+            part = part if part is not None and part.with_files else None
+        if part is None:
+            return None
+        snap.merge(part)
+    return snap
 
 
 def _archive(folder: RecordFolder) -> Snapshot:
@@ -265,13 +345,19 @@ def compact(folder: RecordFolder, *, every: int | None = None, listed: int | Non
         return False
     if listed is None and len(record_names(folder)) < every:
         return False
-    snap, indexes, folded = _snapshot(folder)
+    snap, indexes, folded = _snapshot(folder, True)
     if len(snap.listed) < every:
         return False
-    name = f"{INDEX_DIR}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-    folder.write_bytes(name, snap.to_bytes())  # 2. whole or not at all
-    for old in indexes:  # 3. every object read is held by the new one
-        folder.delete(old)
+    new = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    # 2. the files first, then the spans object that lists the index: each whole or not at all
+    folder.write_bytes(f"{FILES_DIR}/{new}", snap.files_bytes())
+    folder.write_bytes(f"{INDEX_PREFIX}{new}", snap.head_bytes())
+    # 3. every object read is held by the new index: the spans objects (no longer listed), then
+    # their files objects
+    _read_all(folder, indexes, lambda f, n: f.delete(n))
+    _read_all(
+        folder, [files_name(n) for n in indexes if n.startswith(INDEX_PREFIX)], lambda f, n: f.delete(n)
+    )
     # 4. out of the listed prefix, only now that an index holds it (in parallel where remote: the
     # moves are independent, each leaves its record in one place or both)
     _read_all(folder, folded, lambda f, n: f.move(n, f"{ARCHIVE_DIR}/{n}"))
@@ -357,22 +443,43 @@ def _read_all(folder: RecordFolder, names: list[str], read: Callable[[Any, str],
 
 
 class ArrowFolder:
-    """A `_rmqs_commits` folder on a pyarrow file system (an object store, or any local path)."""
+    """A `_rmqs_commits` folder on a pyarrow file system (an object store, or any local path).
+
+    On an fsspec file system (`storage_options`: s3fs, gcsfs, ...) each call is the one request
+    the protocol needs, made through fsspec itself: pyarrow's `FSSpecHandler` asks whether a path
+    is a file or a folder before reading, deleting or listing it (on S3 a HEAD, and for an absent
+    object a listing too), which doubled or tripled a run's requests on its output, and a listing
+    costs the more the more the bucket holds on some stores (moto's server scans every key)."""
 
     remote = True  # records are read in parallel (a round trip each)
 
     def __init__(self, fs: Any, path: str) -> None:
+        from pyspark_rmqs.runs.outputs.objectstore import fsspec_of
+
         self.fs, self.path = fs, path.rstrip("/")
+        self.fsspec = fsspec_of(fs)
+        # s3fs's `cat_file` asks for the size first (a HEAD, or its listing cache, which another
+        # process's writes make stale) to read large objects in parts: one part is one GET
+        self._whole = {"max_concurrency": 1} if _takes(self.fsspec, "_cat_file", "max_concurrency") else {}
 
     def list_names(self, sub: str = "") -> list[str]:
+        where = f"{self.path}/{sub}" if sub else self.path
+        if self.fsspec is not None:
+            try:  # one listing, fresh (s3fs keeps listings in a cache another process makes stale)
+                entries = self.fsspec.ls(where, detail=True, refresh=True)
+            except FileNotFoundError:
+                return []
+            found = (str(e["name"]).rstrip("/") for e in entries)
+            return [n.rpartition("/")[2] for n in found if n != where.rstrip("/")]
         from pyarrow import fs as pafs
 
-        where = f"{self.path}/{sub}" if sub else self.path
         selector = pafs.FileSelector(where, allow_not_found=True)
-        return [i.base_name for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        return [i.base_name for i in self.fs.get_file_info(selector) if i.type != pafs.FileType.NotFound]
 
     def read_bytes(self, name: str) -> bytes | None:
         try:
+            if self.fsspec is not None:  # one GET, absent or not
+                return bytes(self.fsspec.cat_file(f"{self.path}/{name}", **self._whole))
             with self.fs.open_input_stream(f"{self.path}/{name}") as f:
                 return bytes(f.read())
         except FileNotFoundError:  # any other error is raised: a record unread must not read as absent
@@ -380,12 +487,18 @@ class ArrowFolder:
 
     def write_bytes(self, name: str, body: bytes) -> None:
         """One object PUT: there whole or not at all (local folders use `FileCommits`'s rename)."""
+        if self.fsspec is not None:
+            self.fsspec.pipe_file(f"{self.path}/{name}", body)
+            return
         with self.fs.open_output_stream(f"{self.path}/{name}") as f:
             f.write(body)
 
     def delete(self, name: str) -> None:
         try:
-            self.fs.delete_file(f"{self.path}/{name}")
+            if self.fsspec is not None:
+                self.fsspec.rm_file(f"{self.path}/{name}")
+            else:
+                self.fs.delete_file(f"{self.path}/{name}")
         except FileNotFoundError:
             pass
 
@@ -399,6 +512,15 @@ class ArrowFolder:
             return
         self.write_bytes(to, body)
         self.delete(name)
+
+
+def _takes(obj: Any, method: str, arg: str) -> bool:
+    import inspect
+
+    try:
+        return arg in inspect.signature(getattr(type(obj), method)).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def _merge(spans: Iterable[list[int]]) -> list[list[int]]:

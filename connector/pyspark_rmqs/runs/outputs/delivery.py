@@ -169,10 +169,11 @@ class FileCommits:
         Commits are recognised per partition range, not only per whole token: when a watermark is
         put back (`rmqs watermark set`, or another client), the next run's range overlaps what the
         output holds, and only the rest is written. Read through the folder's index
-        (`commit_index`): O(1) records whatever the history. How many records were listed is kept:
-        the run's commit decides from it whether to compact, without listing again.
+        (`commit_index`): one listing, O(1) records and the index's spans whatever the history (its
+        file list, which grows with the history, is left to readers). How many records were listed
+        is kept: the run's commit decides from it whether to compact, without listing again.
         """
-        snap = commit_index.snapshot(self)
+        snap = commit_index.snapshot(self, files=False)  # the spans: never the index's file list
         self.listed = len(snap.listed)
         return snap.spans_of(token.consumer, token.ranges, token.incarnations)
 
@@ -313,7 +314,7 @@ class StoreCommits:
 
     def committed_spans(self, token: RunToken) -> dict[str, list[tuple[int, int]]]:
         """As `FileCommits.committed_spans`: through the folder's index, O(1) records read."""
-        snap = commit_index.snapshot(self.folder())
+        snap = commit_index.snapshot(self.folder(), files=False)
         self.listed = len(snap.listed)
         return snap.spans_of(token.consumer, token.ranges, token.incarnations)
 

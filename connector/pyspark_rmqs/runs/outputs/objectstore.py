@@ -62,6 +62,30 @@ class Location:
         return path[len(prefix) :] if path.startswith(prefix) else path
 
 
+def fsspec_of(fs: Any) -> Any:
+    """The fsspec file system a pyarrow file system wraps (`storage_options`, an fsspec `filesystem`),
+    else None. Calls through it are one request each where pyarrow's `FSSpecHandler` first asks
+    whether the path is a file or a folder (on S3 a HEAD and, for what is absent, a listing)."""
+    from pyarrow import fs as pafs
+
+    if isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler):
+        return fs.handler.fs
+    return None
+
+
+def move_file(fs: Any, src: str, dst: str) -> None:
+    """`src` to `dst` on `fs`: a rename where the file system has one, else a copy, then the
+    delete (never absent from both). Through fsspec, `cp_file` and `rm_file`: fsspec's `mv`, which
+    pyarrow's handler calls, expands both paths as folders first (on S3 three listings and three
+    HEADs around the one copy and delete)."""
+    inner = fsspec_of(fs)
+    if inner is None:
+        fs.move(src, dst)
+        return
+    inner.cp_file(src, dst)
+    inner.rm_file(src)
+
+
 def is_remote(uri: str) -> bool:
     """Whether `uri` names a file system other than the local one (`s3://`, `gs://`, ...)."""
     scheme = uri.partition("://")[0] if "://" in uri else ""
