@@ -86,8 +86,10 @@ class Pause:
         self.thread.start()
 
     def join(self) -> None:
-        self.thread.join(timeout=self.seconds + 60)
-        self._signal(signal.SIGCONT)
+        """Wait for the pause to end (nothing to wait for when the run reached no batch)."""
+        if self.thread.ident is not None:
+            self.thread.join(timeout=self.seconds + 60)
+            self._signal(signal.SIGCONT)
 
 
 class BrokerFaultRules(DrainRules):
@@ -159,8 +161,9 @@ class BrokerFaultRules(DrainRules):
             attempt = self._attempt(p, hooks)
         finally:
             pause.join()
-        STATS[f"paused_run:{attempt.label}"] += 1
-        STATS["broker_pause_seconds"] += round(seconds)
+        paused = pause.thread.ident is not None  # not when the run reached no batch
+        STATS[f"paused_run:{'paused' if paused else 'no-batch'}:{attempt.label}"] += 1
+        STATS["broker_pause_seconds"] += round(seconds) if paused else 0
         self._settle(p, attempt, None)
         if not attempt.ok and attempt.retryable:  # as the orchestrator would: the retry
             self._settle(p, self._attempt(p, Hooks()), None)

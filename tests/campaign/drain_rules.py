@@ -12,26 +12,79 @@ checkpoint and a new output folder (a new *generation*). The new checkpoint star
 stored offsets (its `consumerName`), so its output continues the old one's: the consumer's output is
 every generation's folder together, and exactly-once holds across them. Off in the in-suite budget
 (Spark costs seconds per run); on in `make campaign`.
+
+`drain_killed` kills (SIGKILL) the Spark Python workers reading the broker in the middle of a drain,
+as a lost executor would: the task fails, so do the query and the drain (Spark local mode retries no
+task); Airflow's retry goes on from the checkpoint, and exactly-once holds across the two tries.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from airflow_rmqs.operators import RabbitMQStreamDrainOperator
-from tests.campaign.faults import Hooks
+from tests.campaign.faults import Hooks, WorkerKilled
 from tests.campaign.harness import STATS, TARGETS
 from tests.campaign.model import PipelineModel, TargetModel
-from tests.campaign.runs import CONN_ID, Attempt, Row, parquet_rows
+from tests.campaign.runs import CONN_ID, Attempt, Row, is_typed, parquet_rows
 from tests.campaign.spark_rules import SparkRules, spark_environment
 
 # What a refused drain says, and what its user does then (a new checkpoint and output folder).
 GIVE_UP = ("deleted and created again", "holds the file sink log of another streaming query")
 DRAIN_TIMEOUT_S = 300
+KILL_MESSAGES = 2000  # published before a killed drain: a read long enough to be caught in
+RETRIES = 2  # tries after a killed drain's first that may still fail from the kill
+
+
+def _runs_a_task(pid: int) -> bool:
+    """A Spark Python worker forked to run a task (`pyspark.worker`), not its daemon."""
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return bool(cmd) and cmd[-1] == "pyspark.worker"
+
+
+class WorkerKiller:
+    """In a thread, while a drain runs: SIGKILL this process's Spark Python task workers
+    (`pyspark.worker`) as they appear, up to `ROUNDS` times (an idle reused worker dies harmlessly;
+    one inside a task fails it)."""
+
+    ROUNDS = 3
+
+    def __init__(self) -> None:
+        self.killed = 0
+        self.rounds = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="campaign-worker-killer", daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while self.rounds < self.ROUNDS and not self.stop.wait(0.02):
+            victims = [c for c in me.children(recursive=True) if _runs_a_task(c.pid)]
+            for c in victims:
+                try:
+                    os.kill(c.pid, signal.SIGKILL)
+                    self.killed += 1
+                except ProcessLookupError:
+                    pass
+            self.rounds += bool(victims)
+
+    def __enter__(self) -> WorkerKiller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
 
 
 def execute_drain(
@@ -78,6 +131,33 @@ class DrainRules(SparkRules):
         if new_checkpoint:
             self._drain_generation(key)[0] += 1
         self._watermark_run(key)
+
+    @precondition(lambda self: self.config.enabled("drain_killed"))
+    @rule(to=st.sampled_from(TARGETS))
+    def drain_killed(self, to: str) -> None:
+        """A drain of `to` whose Spark Python workers reading the broker are killed mid-read; then
+        its retry, as Airflow's (a failure that is not rmqs's own is the kill's: invariant d)."""
+        if not self._step("drain_killed"):
+            return
+        spark_environment()
+        p = self.model.pipelines[f"c7@{to}"]
+        if not self.model.target_exists(p.target) or not self._may_run(p):
+            return self._skip("drain-killed-not-applicable")
+        self._publish(p.target, KILL_MESSAGES)
+        with WorkerKiller() as killer:
+            attempt = self._attempt(p, Hooks())
+        STATS[f"drain_killed:killed={bool(killer.killed)}:{attempt.label}"] += 1
+        # Airflow's retries: Spark hands a task a pooled worker the kill left dead once more (local
+        # mode retries no task), so a try after the kill may fail the same untyped way.
+        for _ in range(RETRIES):
+            if killer.killed and attempt.error is not None and not is_typed(attempt.error):
+                attempt.error = WorkerKilled(f"{type(attempt.error).__name__}: {attempt.error}"[:2000])
+            self._settle(p, attempt, WorkerKilled if killer.killed else None)
+            if attempt.ok:
+                return
+            attempt = self._attempt(p, Hooks())
+            STATS[f"drain_killed:retry:{attempt.label}"] += 1
+        self._settle(p, attempt, None)
 
     def _drain_generation(self, key: str) -> list[int]:
         """[checkpoint, output] generation numbers of `key` (a user's new checkpoint, new folder)."""

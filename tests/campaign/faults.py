@@ -38,6 +38,10 @@ class SinkFailure(Exception):
     """The user's sink failing after some batches (injected)."""
 
 
+class WorkerKilled(Exception):
+    """A Spark Python worker killed under a task (injected; what the query failed with, re-wrapped)."""
+
+
 class Crash(BaseException):
     """The process dying at a chosen point (injected; a BaseException: nothing on the way catches it)."""
 

@@ -283,8 +283,9 @@ class CampaignBase(RuleBasedStateMachine):
         """What a finished try means for the model: (d) on failures, promises on success."""
         STATS[f"outcome:{attempt.kind}:{attempt.label}"] += 1
         unmarked = crash == "before_delivered" and attempt.error is not None
-        # Dagster keeps the exception itself (its step failure event has the class and message only).
-        lenient = p.engine == "dagster" or (unmarked and self._avoided("delivered-commit-state"))
+        # Dagster keeps the exception itself (its step failure event has the class and message only);
+        # a drain's commit is Spark's checkpoint, not a commit state.
+        lenient = p.engine in ("dagster", "drain") or (unmarked and self._avoided("delivered-commit-state"))
         check_failure(p, attempt, injected, needs_state=not lenient)
         self.dirty.add(p.key)
         if attempt.busy:

@@ -23,7 +23,7 @@ def test_a_run_the_broker_freezes_under_finishes_or_fails_retryably_and_loses_no
     machine = machine_with(
         CampaignConfig(disabled=SLOW_OPERATIONS - {"broker_pause"}, broker="restartable")
     )()
-    before = sum(v for k, v in STATS.items() if k.startswith("paused_run:"))
+    before = sum(v for k, v in STATS.items() if k.startswith("paused_run:paused:"))
     try:
         steps(
             machine,
@@ -35,4 +35,4 @@ def test_a_run_the_broker_freezes_under_finishes_or_fails_retryably_and_loses_no
         )
     finally:
         machine._cleanup()
-    assert sum(v for k, v in STATS.items() if k.startswith("paused_run:")) - before == 2
+    assert sum(v for k, v in STATS.items() if k.startswith("paused_run:paused:")) - before == 2

@@ -479,3 +479,26 @@ def test_a_partition_left_deleted_is_owed_to_nobody_and_a_record_that_planned_it
         ("run", {"pipeline": "c2@ss"}),
     )
     assert STATS["outcome:watermark:DataLossError"] >= 1
+
+
+def test_a_drain_whose_spark_workers_are_killed_mid_read_retries_to_every_offset_once(
+    broker: BrokerSettings,
+) -> None:
+    """`drain_killed` (off in the in-suite budget): the Spark Python task workers of a drain killed
+    (SIGKILL) mid-read fail the query; Airflow's retry goes on from the checkpoint, and the drain
+    consumer's output holds every offset once (invariants after each step and the final check)."""
+    from tests.campaign.spark_rules import spark_environment
+
+    spark_environment()
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS - {"drain", "drain_killed"}))()
+    try:
+        steps(
+            machine,
+            ("publish", {"n": 20, "to": "ss"}),
+            ("drain", {"new_checkpoint": False, "to": "ss"}),
+            ("drain_killed", {"to": "ss"}),
+            ("publish", {"n": 10, "to": "ss"}),
+        )
+    finally:
+        machine._cleanup()
+    assert STATS["drain_killed:killed=True:StreamingQueryException"] >= 1
