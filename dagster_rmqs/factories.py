@@ -40,6 +40,7 @@ from dagster_rmqs.partitions import range_layers
 from dagster_rmqs.resources import session_of, stream_uri
 from dagster_rmqs.targets import META_MODE, StreamTarget
 from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.broker.positions import bounds, merge_spans, timestamp_start_loss
 from pyspark_rmqs.errors import ConfigurationError
 from pyspark_rmqs.jobs import ReadPlan, RunSummary, plan_read
 from pyspark_rmqs.options import ConnectionOptions
@@ -320,8 +321,13 @@ def time_window_asset(
                     "sink then receives the window's rows again when it is materialized after it closed)"
                 )
             summaries = []
+            firsts = bounds(client, streams, read.fail_on_data_loss) if located else None
             for w in located:
+                # A window starts by time: what retention removed may have been in it, as for any
+                # read from a time (`timestamp_start_loss`: DataLossError, or the summary's data_loss).
+                lost = timestamp_start_loss(client, firsts, w.start, read.fail_on_data_loss) if firsts else {}
                 plan = read.plan(conn, start=w.start_offsets, end=w.end_offsets, persist=False)
+                plan.data_loss.update(merge_spans(plan.data_loss, lost))
                 state = "open: up to the tails" if w.is_open else "closed by the broker's clock"
                 context.log.info(
                     f"reading {describe(plan)} for window '{w.key}' [{w.start.isoformat()}, "

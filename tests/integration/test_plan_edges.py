@@ -113,6 +113,57 @@ def test_a_timestamp_start_before_what_retention_removed_is_data_loss_in_jobs(
     assert summary.extra["data_loss"] == {s: [0, first]}  # the run says it may have lost rows
 
 
+@pytest.mark.dagster
+@pytest.mark.parametrize("lenient", [False, True])
+def test_a_dagster_time_window_starting_before_what_retention_removed_is_data_loss(
+    broker: BrokerSettings, truncated: tuple[str, datetime, datetime, int, int], tmp_path: Any, lenient: bool
+) -> None:
+    """A time-window partition whose start is before the oldest chunk retention kept: the window's
+    offsets are located by time, so what retention removed may have been in it. Before: the window
+    read from the first offset kept, silently (windows resolved their times to offsets and planned
+    by offsets, passing by the check a read from a time makes)."""
+    from dagster import DagsterInstance, TimeWindowPartitionsDefinition, materialize
+
+    from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
+
+    s, before, _, first, tail = truncated
+    start = before.replace(second=0, microsecond=0)
+    windows = TimeWindowPartitionsDefinition(
+        cron_schedule="* * * * *", start=start - timedelta(minutes=1), fmt="%Y-%m-%d-%H:%M", end_offset=1
+    )
+    asset = build_stream_asset(
+        "windows_on_truncated",
+        consumer_name="windows",
+        stream=s,
+        output_path=str(tmp_path / "out"),
+        engine="arrow",
+        partitions_def=windows,
+        fail_on_data_loss=not lenient,
+    )
+    resource = RabbitMQStreamsResource(
+        endpoints=f"{broker.host}:{broker.port}", username=broker.username, password=broker.password
+    )
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(
+            [asset],
+            resources={"rabbitmq": resource},
+            instance=instance,
+            partition_key=start.strftime("%Y-%m-%d-%H:%M"),
+            raise_on_error=False,
+        )
+    if not lenient:
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        text = str(failure.step_failure_data.error)
+        assert "DataLossError" in text and f"offsets [0, {first}) of stream '{s}' are lost" in text, text
+        return
+    assert result.success
+    (m,) = result.asset_materializations_for_node("windows_on_truncated")
+    metadata = {k: v.value for k, v in m.metadata.items()}
+    assert metadata["data_loss"] == {s: [0, first]}  # the window says it may have lost rows
+    assert metadata["start_offsets"] == {s: first} and metadata["dagster/row_count"] == tail - first
+
+
 def test_a_timestamp_start_after_the_oldest_chunk_kept_is_no_data_loss(
     broker: BrokerSettings, truncated: tuple[str, datetime, datetime, int, int]
 ) -> None:
