@@ -53,6 +53,29 @@ def _runs_a_task(pid: int) -> bool:
     return bool(cmd) and cmd[-1] == "pyspark.worker"
 
 
+def _flush_dead_workers(rounds: int = 12) -> None:
+    """Run small Python jobs until the session's worker pool holds no killed worker any more.
+
+    Spark keeps idle Python workers for reuse; one killed while idle fails the next task handed to
+    it ("Stream closed" as the worker factory stops it). That is Spark's pool, not the connector: a
+    later step of the sequence (the Spark consumer's run) must not fail from this step's kill.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return
+    clean = 0
+    for _ in range(rounds):
+        try:
+            spark.range(0, 4, numPartitions=2).mapInArrow(lambda batches: batches, "id long").count()
+            clean += 1
+        except Exception:
+            clean = 0
+        if clean >= 3:
+            return
+
+
 class WorkerKiller:
     """In a thread, while a drain runs: SIGKILL this process's Spark Python task workers
     (`pyspark.worker`) as they appear, up to `ROUNDS` times (an idle reused worker dies harmlessly;
@@ -146,6 +169,8 @@ class DrainRules(SparkRules):
         self._publish(p.target, KILL_MESSAGES)
         with WorkerKiller() as killer:
             attempt = self._attempt(p, Hooks())
+        if killer.killed:
+            _flush_dead_workers()
         STATS[f"drain_killed:killed={bool(killer.killed)}:{attempt.label}"] += 1
         # Airflow's retries: Spark hands a task a pooled worker the kill left dead once more (local
         # mode retries no task), so a try after the kill may fail the same untyped way.
