@@ -321,11 +321,11 @@ def time_window_asset(
                     "sink then receives the window's rows again when it is materialized after it closed)"
                 )
             summaries = []
-            firsts = bounds(client, streams, read.fail_on_data_loss) if located else None
+            firsts = bounds(client, streams, read.fail_on_data_loss)
             for w in located:
                 # A window starts by time: what retention removed may have been in it, as for any
                 # read from a time (`timestamp_start_loss`: DataLossError, or the summary's data_loss).
-                lost = timestamp_start_loss(client, firsts, w.start, read.fail_on_data_loss) if firsts else {}
+                lost = timestamp_start_loss(client, firsts, w.start, read.fail_on_data_loss)
                 plan = read.plan(conn, start=w.start_offsets, end=w.end_offsets, persist=False)
                 plan.data_loss.update(merge_spans(plan.data_loss, lost))
                 state = "open: up to the tails" if w.is_open else "closed by the broker's clock"

@@ -29,6 +29,7 @@ from hypothesis.stateful import precondition, rule
 from tests.campaign.drain_rules import DrainRules
 from tests.campaign.faults import Hooks
 from tests.campaign.harness import PIPELINES, STATS
+from tests.e2e.faults.support import broker_pids
 from tests.support.broker import RESTARTABLE_ENV, broker_sh
 
 # Seconds the broker stays frozen: shorter and longer than the client's probe timeout
@@ -49,12 +50,6 @@ def restart_broker() -> float:
     if done.returncode != 0:
         raise RuntimeError(f"the campaign's broker did not restart: {(done.stdout + done.stderr)[-1500:]}")
     return time.monotonic() - began
-
-
-def broker_pids() -> list[int]:
-    """The processes of the campaign's broker (its Erlang VM and helpers), for SIGSTOP and SIGCONT."""
-    done = broker_sh("pids", env=RESTARTABLE_ENV)
-    return [int(p) for p in done.stdout.split()]
 
 
 class Pause:

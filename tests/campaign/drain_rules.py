@@ -36,21 +36,13 @@ from tests.campaign.harness import STATS, TARGETS
 from tests.campaign.model import PipelineModel, TargetModel
 from tests.campaign.runs import CONN_ID, Attempt, Row, is_typed, parquet_rows
 from tests.campaign.spark_rules import SparkRules, spark_environment
+from tests.e2e.faults.support import is_task_worker
 
 # What a refused drain says, and what its user does then (a new checkpoint and output folder).
 GIVE_UP = ("deleted and created again", "holds the file sink log of another streaming query")
 DRAIN_TIMEOUT_S = 300
 KILL_MESSAGES = 2000  # published before a killed drain: a read long enough to be caught in
 RETRIES = 2  # tries after a killed drain's first that may still fail from the kill
-
-
-def _runs_a_task(pid: int) -> bool:
-    """A Spark Python worker forked to run a task (`pyspark.worker`), not its daemon."""
-    try:
-        cmd = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return bool(cmd) and cmd[-1] == "pyspark.worker"
 
 
 def _flush_dead_workers(rounds: int = 12) -> None:
@@ -77,9 +69,9 @@ def _flush_dead_workers(rounds: int = 12) -> None:
 
 
 class WorkerKiller:
-    """In a thread, while a drain runs: SIGKILL this process's Spark Python task workers
-    (`pyspark.worker`) as they appear, up to `ROUNDS` times (an idle reused worker dies harmlessly;
-    one inside a task fails it)."""
+    """In a thread, while a drain runs: SIGKILL this process's Spark Python task workers (the
+    daemon and the workers it forked: `support.is_task_worker`) as they appear, up to `ROUNDS`
+    times (an idle reused worker dies harmlessly; one inside a task fails it)."""
 
     ROUNDS = 3
 
@@ -92,7 +84,7 @@ class WorkerKiller:
     def _run(self) -> None:
         me = psutil.Process()
         while self.rounds < self.ROUNDS and not self.stop.wait(0.02):
-            victims = [c for c in me.children(recursive=True) if _runs_a_task(c.pid)]
+            victims = [c for c in me.children(recursive=True) if is_task_worker(c.pid)]
             for c in victims:
                 try:
                     os.kill(c.pid, signal.SIGKILL)

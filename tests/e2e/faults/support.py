@@ -67,18 +67,20 @@ def spark_worker_pids(port: int, ignore: set[tuple[int, int]] | None = None) -> 
     return pids
 
 
+def is_task_worker(pid: int) -> bool:
+    """A Spark Python worker for tasks: the daemon (`python -m pyspark.daemon pyspark.worker`) or a
+    worker it forked (same command line), not a planning worker of a Python data source."""
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return bool(cmd) and cmd[-1] == "pyspark.worker"
+
+
 def task_readers(port: int) -> list[int]:
     """Spark Python workers running tasks (not the planning workers of Python data sources, which
     keep a pooled metadata connection) that are connected to the broker."""
-    pids = []
-    for pid in spark_worker_pids(port):
-        try:
-            cmd = psutil.Process(pid).cmdline()
-        except psutil.Error:
-            continue
-        if cmd and cmd[-1] == "pyspark.worker":
-            pids.append(pid)
-    return pids
+    return [pid for pid in spark_worker_pids(port) if is_task_worker(pid)]
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, every_s: float = 0.05) -> object:
