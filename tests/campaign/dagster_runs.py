@@ -1,7 +1,9 @@
-"""One try of a run through Dagster: `build_stream_asset(engine="arrow")` materialized in process.
+"""One try of a run through Dagster: `build_stream_asset(...)` materialized in process.
 
 The same watermark protocol as the Airflow operator, reached through Dagster's public factory and
-`materialize()` (no Spark: the arrow engine, Parquet files and commit records). Dagster keeps the
+`materialize()`: the arrow engine (no Spark: Parquet files and commit records, in a local folder or
+in `s3://` through an `ObjectStoreResource` under `output_storage_key`), or the Spark engine (c9:
+`SparkSessionResource`, the process's local session, Spark's exactly-once file commit). Dagster keeps the
 exception to itself (a step failure event); its innermost cause's class and message become a
 `DagsterStepError`, whose message starts `<Class>: ` so `classify` reads rmqs's errors from it.
 """
@@ -16,7 +18,13 @@ from typing import Any
 
 from dagster import DagsterEventType, DagsterInstance, materialize
 
-from dagster_rmqs import RabbitMQStreamsResource, build_stream_asset
+from dagster_rmqs import (
+    ObjectStoreResource,
+    RabbitMQStreamsResource,
+    SparkSessionResource,
+    build_stream_asset,
+)
+from tests.campaign import object_store
 from tests.campaign.model import PipelineModel, TargetModel
 from tests.campaign.runs import Attempt
 from tests.support.broker import BrokerSettings
@@ -42,6 +50,25 @@ class DagsterRuns:
         )
         self._instance: DagsterInstance | None = None
         self._owner = threading.get_ident()
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What the assets take: the broker; the Spark engine's session (the process's local one, got
+        or created as the Airflow Spark consumer's is); and, once a sequence writes to `s3://`, the
+        object store's credentials (`lake`, moto's server: object_store.py)."""
+        found: dict[str, Any] = {
+            "rabbitmq": self.resource,
+            "spark": SparkSessionResource(spark_conf={"spark.ui.showConsoleProgress": "false"}),
+        }
+        if object_store.started():
+            s3 = object_store.server()
+            found["lake"] = ObjectStoreResource(
+                aws_access_key_id=s3.key,
+                aws_secret_access_key=s3.secret,
+                endpoint_url=s3.endpoint,
+                region_name=s3.region,
+            )
+        return found
 
     @property
     def instance(self) -> DagsterInstance:
@@ -74,7 +101,7 @@ class DagsterRuns:
         target: TargetModel,
         pipeline: PipelineModel,
         *,
-        output: Path,
+        output: Path | str,
         started_seq: int,
         lenient: bool = False,
     ) -> Attempt:
@@ -84,9 +111,10 @@ class DagsterRuns:
         return self.materialize(asset, name, Attempt("watermark", started_seq))
 
     def asset(
-        self, target: TargetModel, pipeline: PipelineModel, *, output: Path, lenient: bool = False
+        self, target: TargetModel, pipeline: PipelineModel, *, output: Path | str, lenient: bool = False
     ) -> tuple[str, Any]:
-        """`pipeline`'s asset (`build_stream_asset`, the arrow engine) and its node name."""
+        """`pipeline`'s asset (`build_stream_asset`: the Spark engine for the `dagster-spark` consumer,
+        else the arrow engine) and its node name."""
         where: dict[str, Any] = (
             {"superstream": target.name} if target.superstream else {"stream": target.name}
         )
@@ -95,7 +123,8 @@ class DagsterRuns:
             name,
             consumer_name=pipeline.consumer,
             output_path=str(output),
-            engine="arrow",
+            engine="spark" if pipeline.engine == "dagster-spark" else "arrow",
+            output_storage_key="lake" if str(output).startswith("s3://") else None,
             starting_offsets="latest" if pipeline.starting == "latest" else "earliest",
             fail_on_data_loss=not lenient,
             **where,
@@ -110,7 +139,7 @@ class DagsterRuns:
         from dagster_rmqs import build_new_data_sensor
 
         tick = build_new_data_sensor(asset)(
-            build_sensor_context(resources={"rabbitmq": self.resource}, instance=self.instance)
+            build_sensor_context(resources=self.resources, instance=self.instance)
         )
         return bool(getattr(tick, "run_requests", None))
 
@@ -122,7 +151,7 @@ class DagsterRuns:
         from dagster_rmqs import build_observation_sensor
 
         tick = build_observation_sensor(asset)(
-            build_sensor_context(resources={"rabbitmq": self.resource}, instance=self.instance)
+            build_sensor_context(resources=self.resources, instance=self.instance)
         )
         events = getattr(tick, "asset_events", None) or []
         if not events:
@@ -138,7 +167,7 @@ class DagsterRuns:
         with self._run_instance() as instance:
             result = materialize(
                 [asset],
-                resources={"rabbitmq": self.resource},
+                resources=self.resources,
                 instance=instance,
                 partition_key=partition_key,
                 raise_on_error=False,

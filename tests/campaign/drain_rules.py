@@ -13,6 +13,9 @@ stored offsets (its `consumerName`), so its output continues the old one's: the 
 every generation's folder together, and exactly-once holds across them. Off in the in-suite budget
 (Spark costs seconds per run); on in `make campaign`.
 
+`drain_sink_failing` makes the drain's output folder read-only while it runs: its file sink fails
+after the query planned the batch; the retry, the folder writable again, goes on from the checkpoint.
+
 `drain_killed` kills (SIGKILL) the Spark Python workers reading the broker in the middle of a drain,
 as a lost executor would: the task fails, so do the query and the drain (Spark local mode retries no
 task); Airflow's retry goes on from the checkpoint, and exactly-once holds across the two tries.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from airflow_rmqs.operators import RabbitMQStreamDrainOperator
-from tests.campaign.faults import Hooks, WorkerKilled
+from tests.campaign.faults import Hooks, SinkFailure, WorkerKilled, read_only
 from tests.campaign.harness import STATS, TARGETS
 from tests.campaign.model import PipelineModel, TargetModel
 from tests.campaign.runs import CONN_ID, Attempt, Row, is_typed, parquet_rows
@@ -45,7 +49,7 @@ KILL_MESSAGES = 2000  # published before a killed drain: a read long enough to b
 RETRIES = 2  # tries after a killed drain's first that may still fail from the kill
 
 
-def _flush_dead_workers(rounds: int = 12) -> None:
+def flush_dead_workers(rounds: int = 20) -> None:
     """Run small Python jobs until the session's worker pool holds no killed worker any more.
 
     Spark keeps idle Python workers for reuse; one killed while idle fails the next task handed to
@@ -60,29 +64,33 @@ def _flush_dead_workers(rounds: int = 12) -> None:
     clean = 0
     for _ in range(rounds):
         try:
-            spark.range(0, 4, numPartitions=2).mapInArrow(lambda batches: batches, "id long").count()
+            spark.range(0, 8, numPartitions=4).mapInArrow(lambda batches: batches, "id long").count()
             clean += 1
         except Exception:
             clean = 0
-        if clean >= 3:
+        if clean >= 5:  # every idle worker of the pool taken at least once since the last failure
             return
 
 
 class WorkerKiller:
-    """In a thread, while a drain runs: SIGKILL this process's Spark Python task workers (the
-    daemon and the workers it forked: `support.is_task_worker`) as they appear, up to `ROUNDS`
-    times (an idle reused worker dies harmlessly; one inside a task fails it)."""
+    """In a thread, while a drain or a Spark publish runs: SIGKILL this process's Spark Python task
+    workers (the daemon and the workers it forked: `support.is_task_worker`) as they appear, up to
+    `ROUNDS` times (an idle reused worker dies harmlessly; one inside a task fails it)."""
 
     ROUNDS = 3
 
-    def __init__(self) -> None:
+    def __init__(self, when: Callable[[], bool] | None = None) -> None:
         self.killed = 0
         self.rounds = 0
+        self.when = when  # killing starts once it holds (e.g. the publish has stored a message)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="campaign-worker-killer", daemon=True)
 
     def _run(self) -> None:
         me = psutil.Process()
+        while self.when is not None and not self.when():
+            if self.stop.wait(0.02):
+                return
         while self.rounds < self.ROUNDS and not self.stop.wait(0.02):
             victims = [c for c in me.children(recursive=True) if is_task_worker(c.pid)]
             for c in victims:
@@ -162,7 +170,7 @@ class DrainRules(SparkRules):
         with WorkerKiller() as killer:
             attempt = self._attempt(p, Hooks())
         if killer.killed:
-            _flush_dead_workers()
+            flush_dead_workers()
         STATS[f"drain_killed:killed={bool(killer.killed)}:{attempt.label}"] += 1
         # Airflow's retries: Spark hands a task a pooled worker the kill left dead once more (local
         # mode retries no task), so a try after the kill may fail the same untyped way.
@@ -175,6 +183,38 @@ class DrainRules(SparkRules):
             attempt = self._attempt(p, Hooks())
             STATS[f"drain_killed:retry:{attempt.label}"] += 1
         self._settle(p, attempt, None)
+
+    @precondition(lambda self: self.config.enabled("drain_sink_failing"))
+    @rule(to=st.sampled_from(TARGETS), n=st.integers(1, 60))
+    def drain_sink_failing(self, to: str, n: int) -> None:
+        """A drain of `to` (after `n` new messages) whose output folder is read-only while it runs (a
+        bind mount remounted read-only, as a disk that turned read-only or a lost mount does: even
+        root cannot write there): the query has planned its batch (offsets log) and its file sink
+        fails to write it, so the drain fails (the failure is the fault's: invariant d). Then
+        Airflow's retry, the folder writable again, goes on from the checkpoint: every message
+        once, nothing past the failed batch stored as the watermark before it was written."""
+        if not self._step("drain_sink_failing"):
+            return
+        spark_environment()
+        p = self.model.pipelines[f"c7@{to}"]
+        if not self.model.target_exists(p.target) or not self._may_run(p):
+            return self._skip("drain-sink-failing-not-applicable")
+        self._publish(p.target, n)
+        name = p.key.replace("@", "-at-")
+        output = self.tmp / f"{name}-output-{self._drain_generation(p.key)[1]}"
+        output.mkdir(exist_ok=True)
+        with read_only(output) as mounted:
+            if not mounted:
+                return self._skip("drain-sink-failing-no-mount")
+            attempt = self._attempt(p, Hooks())
+        STATS[f"drain_sink_failing:{attempt.label}"] += 1
+        if attempt.error is not None and not is_typed(attempt.error):
+            attempt.error = SinkFailure(f"{type(attempt.error).__name__}: {attempt.error}"[:2000])
+        self._settle(p, attempt, SinkFailure)
+        if not attempt.ok:
+            retry = self._attempt(p, Hooks())
+            STATS[f"drain_sink_failing:retry:{retry.label}"] += 1
+            self._settle(p, retry, None)
 
     def _drain_generation(self, key: str) -> list[int]:
         """[checkpoint, output] generation numbers of `key` (a user's new checkpoint, new folder)."""

@@ -18,9 +18,12 @@ only their own faults.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark_rmqs.runs import consume, steps
@@ -229,3 +232,19 @@ def local_clock(skew_ms: int) -> Iterator[None]:
         yield
     finally:
         steps.datetime = factories.datetime = real  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[bool]:
+    """`folder` read-only for everyone, root included, inside the block: a bind mount of itself,
+    remounted read-only, unmounted after. Yields False (and changes nothing) where this process
+    may not mount (no CAP_SYS_ADMIN: a container, a user without root)."""
+    mount = shutil.which("mount") or "mount"
+    if subprocess.run([mount, "--bind", str(folder), str(folder)], capture_output=True).returncode:
+        yield False
+        return
+    try:
+        done = subprocess.run([mount, "-o", "remount,bind,ro", str(folder)], capture_output=True)
+        yield done.returncode == 0
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True, check=True)

@@ -60,7 +60,9 @@ PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in CONSUMERS)
 # The Spark consumer: the Airflow `RabbitMQStreamReadOperator` on a local SparkSession, exactly-once
 # Parquet. Its runs cost seconds (its session ~15 s once), so it exists only where the `spark_run`
 # rule is enabled (`make campaign`, not the in-suite budget: config.SUITE).
-SPARK_CONSUMERS = {"c6": ("spark", "parquet", "earliest")}
+# c9: Dagster's Spark engine (`build_stream_asset(engine="spark")`, `SparkSessionResource`) into an
+# exactly-once Parquet folder, on the same local session.
+SPARK_CONSUMERS = {"c6": ("spark", "parquet", "earliest"), "c9": ("dagster-spark", "parquet", "earliest")}
 SPARK_PIPELINES = tuple(f"{c}@{t}" for t in TARGETS for c in SPARK_CONSUMERS)
 # The drain consumer: AvailableNow drains through the Airflow drain operator, a kept checkpoint
 # (drain_rules.py); only where the `drain` rule is enabled.
@@ -175,7 +177,7 @@ class CampaignBase(RuleBasedStateMachine):
         name = p.key.replace("@", "-at-")
         if p.sink == "iceberg":  # a table in the sequence's catalog (`iceberg_catalog`)
             return f"campaign.{name.replace('-', '_')}"
-        if self.bucket is not None and p.engine == "airflow":
+        if self.bucket is not None and p.engine in ("airflow", "dagster"):
             return f"s3://{self.bucket}/{name}"
         return self.tmp / name
 
@@ -253,11 +255,11 @@ class CampaignBase(RuleBasedStateMachine):
     def _attempt(self, p: PipelineModel, hooks: Hooks, *, crash: str | None = None, **kw: Any) -> Attempt:
         """One try of `p`'s run (through its engine), with `hooks` on its sink and a crash at `crash`."""
         with sink_hooks(hooks), crash_at(crash):
-            if p.engine == "dagster":
+            if p.engine in ("dagster", "dagster-spark"):
                 lenient = not kw.pop("fail_on_data_loss", True)
                 assert not kw, f"a Dagster asset runs from its watermark only: {kw}"
                 output = self._output(p)
-                assert isinstance(output, Path), "the Dagster consumer writes a local folder"
+                assert output is not None, "the Dagster consumers write exactly-once folders"
                 return self.dagster.execute(
                     self._target(p), p, output=output, started_seq=self.model.seq, lenient=lenient
                 )
@@ -285,7 +287,8 @@ class CampaignBase(RuleBasedStateMachine):
         unmarked = crash == "before_delivered" and attempt.error is not None
         # Dagster keeps the exception itself (its step failure event has the class and message only);
         # a drain's commit is Spark's checkpoint, not a commit state.
-        lenient = p.engine in ("dagster", "drain") or (unmarked and self._avoided("delivered-commit-state"))
+        lenient = p.engine in ("dagster", "dagster-spark", "drain")
+        lenient = lenient or (unmarked and self._avoided("delivered-commit-state"))
         check_failure(p, attempt, injected, needs_state=not lenient)
         self.dirty.add(p.key)
         if attempt.busy:

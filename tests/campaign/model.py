@@ -76,7 +76,7 @@ class PipelineModel:
     sink: str  # "fn": at-least-once function sink; "parquet" / "iceberg": an exactly-once folder / table
     starting: str  # "earliest" | "latest"
     engine: str = "airflow"  # "airflow": the consume operator; "dagster": an arrow-engine asset;
-    # "spark": the Airflow Spark read operator
+    # "spark": the Airflow Spark read operator; "dagster-spark": a Spark-engine asset
     boundary: int | None = None  # seq when its first watermark run planned (latest only matters)
     boundary_parts: frozenset[Part] = frozenset()
     pending_since: int | None = None  # seq at the first failed try since its last success

@@ -6,9 +6,9 @@ With `CampaignConfig.outputs == "s3"` the exactly-once consumers of the Airflow 
 per process, a bucket per sequence). The commit records, the index and the Parquet objects then
 go through the object-store paths (`ArrowFolder`, conditional writes, no rename), under every rule
 the local folders see: crashes at each protocol step, SIGKILL, a paused holder, concurrent runs,
-retention, re-created streams. The Dagster (c5) and Spark (c6) consumers keep local folders: the
-Dagster asset takes an object store through its resource's storage key, and Spark would need
-Hadoop's S3A, which the suite does not install.
+retention, re-created streams. The Dagster arrow-engine consumer (c5) writes there too, through an
+`ObjectStoreResource` under its asset's `output_storage_key`. The Spark consumers (c6, c9) keep
+local folders: Spark would need Hadoop's S3A, which the suite does not install.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ def server() -> s3.S3Server:
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(lake)
         _SERVER.append(started)
     return _SERVER[0]
+
+
+def started() -> bool:
+    """Whether this process's moto server runs (a sequence wrote to `s3://`)."""
+    return bool(_SERVER)
 
 
 def storage_options(output: str) -> dict[str, Any] | None:

@@ -1,5 +1,7 @@
-"""The Spark consumer's rule: a watermark run through Airflow's `RabbitMQStreamReadOperator` on a
-local SparkSession into an exactly-once Parquet folder (pipelines `c6@<target>`).
+"""The Spark consumers' rule: a watermark run through Airflow's `RabbitMQStreamReadOperator` on a
+local SparkSession (pipelines `c6@<target>`), or through Dagster's Spark engine
+(`build_stream_asset(engine="spark")` with a `SparkSessionResource` on the same session: `c9@<target>`),
+into an exactly-once Parquet folder.
 
 The same run protocol as the Spark-free consumers (plan, record, lease, commit, store), but its
 rows go through the Spark data source and its files through Spark's exactly-once file commit
@@ -35,16 +37,18 @@ class SparkRules(KilledRules):
 
     @rule(
         to=st.sampled_from(TARGETS),
+        consumer=st.sampled_from(("c6", "c9")),
         crash=st.sampled_from((None, None, *CRASH_POINTS)),
         retry=st.booleans(),
     )
-    def spark_run(self, to: str, crash: str | None, retry: bool) -> None:
-        """A watermark run of the Spark consumer on target `to`; with `crash`, its process dies at
-        that step after the sink (the in-process `Crash`), and with `retry` it runs again at once."""
+    def spark_run(self, to: str, consumer: str, crash: str | None, retry: bool) -> None:
+        """A watermark run of Spark consumer `consumer` (c6: Airflow's read operator; c9: Dagster's
+        Spark engine) on target `to`; with `crash`, its process dies at that step after the sink (the
+        in-process `Crash`), and with `retry` it runs again at once."""
         if not self._step("spark_run"):
             return
         spark_environment()
-        key = f"c6@{to}"
+        key = f"{consumer}@{to}"
         first = self._watermark_run(key, crash=crash)
         if retry and first is not None and not first.ok:
             self._watermark_run(key)

@@ -309,7 +309,7 @@ def test_a_retry_whose_output_holds_its_range_reports_no_loss_of_what_retention_
     alarms = len(FALSE_ALARMS)
     stream = "ss-1" if target == "ss" else target
     crashing: tuple[str, dict[str, object]] = (
-        ("spark_run", {"to": target, "crash": fault, "retry": False})
+        ("spark_run", {"to": target, "consumer": "c6", "crash": fault, "retry": False})
         if consumer == "c6"
         else ("iceberg_run", {"to": target, "fault": fault, "retry": False})
         if consumer == "c8"
@@ -410,9 +410,9 @@ def test_the_spark_publish_rule_finds_each_message_once_and_every_consumer_reads
     try:
         steps(
             machine,
-            ("spark_publish", {"n": 23, "to": "ss"}),
+            ("spark_publish", {"n": 23, "to": "ss", "kill": False}),
             ("run", {"pipeline": "c2@ss"}),
-            ("spark_publish", {"n": 5, "to": "a"}),
+            ("spark_publish", {"n": 5, "to": "a", "kill": False}),
         )
     finally:
         machine._cleanup()
@@ -501,7 +501,7 @@ def test_a_drain_whose_spark_workers_are_killed_mid_read_retries_to_every_offset
             ("drain_killed", {"to": "ss"}),
             ("publish", {"n": 10, "to": "ss"}),
             # The Spark consumer's run on the same session: the kill's dead pooled workers are gone.
-            ("spark_run", {"to": "ss", "crash": None, "retry": False}),
+            ("spark_run", {"to": "ss", "consumer": "c6", "crash": None, "retry": False}),
         )
     finally:
         machine._cleanup()
