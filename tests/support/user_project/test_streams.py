@@ -20,11 +20,12 @@ def test_a_fresh_stream_holds_what_was_published(rmqs_broker: RabbitMQTestBroker
 
 
 def test_the_stream_is_deleted_after_its_test(rmqs_broker: RabbitMQTestBroker, rmqs_stream: str) -> None:
-    from pyspark_rmqs.broker.client import BrokerClient
+    from pyspark_rmqs.errors import StreamNotFoundError
 
-    client = BrokerClient(rmqs_broker.connection())
-    assert CREATED and not client.stream_exists(CREATED[0])
-    assert rmqs_stream != CREATED[0] and client.stream_exists(rmqs_stream)
+    assert CREATED and rmqs_stream != CREATED[0]
+    with pytest.raises(StreamNotFoundError):
+        rmqs_broker.read_arrow(stream=CREATED[0])
+    assert rmqs_broker.read_arrow(stream=rmqs_stream).num_rows == 0
 
 
 @pytest.mark.rmqs_superstream(partitions=2)
