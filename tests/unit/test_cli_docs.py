@@ -102,3 +102,15 @@ def test_connection_flags_env_and_exit_codes_are_documented() -> None:
 
 def test_cli_page_is_in_the_nav() -> None:
     assert "cli.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+WITH_CONSUMER = sorted(p for p in COMMANDS if any("--consumer" in o.opts for o in options(COMMANDS[p])))
+
+
+@pytest.mark.parametrize("path", WITH_CONSUMER, ids=" ".join)
+def test_consumer_name_is_an_alias_of_consumer(path: tuple[str, ...]) -> None:
+    """`--consumer-name` (the spelling of `consumer_name` everywhere else) sets what `--consumer` sets."""
+    cmd = COMMANDS[path]
+    for flag in ("--consumer", "--consumer-name"):
+        ctx = cmd.make_context(" ".join(path), ["--stream", "s", flag, "lake"], resilient_parsing=True)
+        assert ctx.params["consumer"] == "lake", (path, flag)

@@ -42,8 +42,12 @@ JsonOpt = Annotated[
         "--json", help="Print JSON on stdout instead of a table (a stable shape, see the CLI docs)."
     ),
 ]
+# `--consumer-name` spells it as the operators, assets and options do (`consumer_name`, `consumerName`).
 ConsumerOpt = Annotated[
-    str, typer.Option("--consumer", help="The consumer name whose stored offset is the watermark.")
+    str,
+    typer.Option(
+        "--consumer", "--consumer-name", help="The consumer name whose stored offset is the watermark."
+    ),
 ]
 YesOpt = Annotated[
     bool, typer.Option("--yes", "-y", help="Do it without asking (needed when stdin is not a terminal).")
