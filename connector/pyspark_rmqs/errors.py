@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pyspark_rmqs.core.errors import (
     COMMIT_ADVICE,
+    AccessRefusedError,
     AuthenticationError,
     BrokerTimeoutError,
     BrokerUnavailableError,
@@ -36,6 +37,7 @@ from pyspark_rmqs.core.errors import (
 
 __all__ = [
     "COMMIT_ADVICE",
+    "AccessRefusedError",
     "AuthenticationError",
     "BrokerTimeoutError",
     "BrokerUnavailableError",

@@ -25,6 +25,7 @@ from pyspark_rmqs.core.errors import (
         (DataLossError("offsets lost"), False),
         (WatermarkConflictError("moved"), False),
         (errors.AuthenticationError("refused"), False),
+        (errors.AccessRefusedError("access refused", "s", "read"), False),
         (errors.StreamNotFoundError("gone"), False),
         (errors.UnsupportedBrokerError("old"), False),
         (errors.DataError("bad message"), False),
@@ -81,3 +82,35 @@ def test_the_commit_state_of_a_failure_travels_with_it() -> None:
     assert verdict.commit_state == "committed" and verdict.retryable
     assert set(COMMIT_ADVICE) == {s.value for s in CommitState}
     assert classify(RuntimeError("plain")).commit_state is None
+
+
+def test_access_refused_names_the_stream_permission_and_fix_and_is_never_retried() -> None:
+    import pickle
+
+    import rstream.exceptions as rx
+
+    class Conn:
+        username, vhost = "team-a", "/prod"
+
+    e = errors.access_refused(Conn(), "rmqs.runs", "write")
+    assert (e.resource, e.permission, e.retryable) == ("rmqs.runs", "write", False)
+    assert isinstance(e, errors.AuthenticationError)
+    assert str(e).startswith(
+        "access refused: user 'team-a' may not publish to stream 'rmqs.runs' in virtual host '/prod': "
+        "that needs the write permission on it."
+    )
+    assert "needs read and write on it" in str(e)  # rmqs.runs: what a watermark run needs there
+    assert (
+        r"rabbitmqctl set_permissions -p '/prod' 'team-a' '<configure>' '<write>|^rmqs\.runs$' '<read>'"
+        in str(e)
+    )
+    back = pickle.loads(pickle.dumps(e))  # crosses processes (Spark, Dagster) whole
+    assert (type(back), str(back), back.resource, back.permission) == (type(e), str(e), "rmqs.runs", "write")
+    # rstream's bare error (an empty message), should a path not name the stream: still final.
+    assert classify(rx.AccessRefused()) == errors.Classified(
+        False,
+        "AccessRefusedError: the broker refused an operation for lack of a permission",
+        "AccessRefusedError",
+    )
+    spark = Exception(f"Traceback\npyspark_rmqs.errors.AccessRefusedError: {e}\n SQLSTATE: 38000")
+    assert classify(spark).retryable is False and classify(spark).error == "AccessRefusedError"

@@ -26,7 +26,12 @@ from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import Chunk, RmqsClient
 from pyspark_rmqs.broker.recovery import RECOVERY_WINDOW_S, retry_async
 from pyspark_rmqs.broker.topology import Node
-from pyspark_rmqs.core.errors import BrokerTimeoutError, BrokerUnavailableError, StreamNotFoundError
+from pyspark_rmqs.core.errors import (
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    StreamNotFoundError,
+    access_refused,
+)
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -128,6 +133,8 @@ class ChunkProbes:
             raw = await self._call(f"stats({stream})", lambda c: c.stream_stats(stream))
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, stream, "read", "read the stats of") from e
         return StreamStats(
             first_chunk_id=raw.get("first_chunk_id", -1),
             committed_chunk_id=raw.get("committed_chunk_id", -1),
@@ -246,6 +253,8 @@ class ChunkProbes:
                 await client.subscribe(stream, sub, offset_spec=spec, initial_credit=1, properties=props)
             except rx.StreamDoesNotExist as e:
                 raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
+            except rx.AccessRefused as e:
+                raise access_refused(self.conn, stream, "read") from e
             try:
                 while True:
                     try:

@@ -25,7 +25,12 @@ from pyspark_rmqs.broker.chunk_probes import PROBE_TIMEOUT_S, ChunkProbes, Strea
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.pool import get_pool
 from pyspark_rmqs.broker.protocol import OFFSET, STATS
-from pyspark_rmqs.core.errors import BrokerTimeoutError, StreamNotFoundError
+from pyspark_rmqs.core.errors import (
+    AccessRefusedError,
+    BrokerTimeoutError,
+    StreamNotFoundError,
+    access_refused,
+)
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -84,19 +89,21 @@ def _ids(raw: tuple[int, int, int | None, int | None]) -> tuple[int, int, int] |
     return None if raw[2] is None else (raw[0], raw[1], raw[2])
 
 
-def _stored(stream: str, value: Any, err: type[Exception] | None) -> int | None:
+def _stored(conn: Any, stream: str, value: Any, err: type[Exception] | None) -> int | None:
     """A QueryOffset answer: the stored offset, None where the consumer stored none."""
     if err is rx.OffsetNotFound:
         return None
     if err is not None:
-        raise _stream_error(err, stream)
+        raise _stream_error(conn, err, stream, "read a stored offset on")
     return int(value)
 
 
-def _stream_error(err: type[Exception], stream: str) -> Exception:
+def _stream_error(conn: Any, err: type[Exception], stream: str, doing: str) -> Exception:
     """The broker's answer code for one stream as the error the rstream path raised for it."""
     if issubclass(err, rx.StreamDoesNotExist):
         return StreamNotFoundError(f"stream '{stream}' does not exist")
+    if issubclass(err, rx.AccessRefused):  # StreamStats and QueryOffset both need read
+        return access_refused(conn, stream, "read", doing)
     return err()
 
 
@@ -163,7 +170,9 @@ class AsyncBrokerClient(ChunkProbes):
                 self._answers(lookups, _OFFSET, names, consumer, asked) if consumer else _nothing(len(names)),
             )
             firsts, tails = await self._bounds(lookups, names, stats, polling=False)
-            offsets = [_stored(s, value, err) for s, (value, err) in zip(names, stored, strict=True)]
+            offsets = [
+                _stored(self.conn, s, value, err) for s, (value, err) in zip(names, stored, strict=True)
+            ]
             return list(zip(firsts, tails, offsets, strict=True))
 
         return await self._retry(f"watermarks of {len(names)} stream(s)", once)
@@ -221,7 +230,7 @@ class AsyncBrokerClient(ChunkProbes):
         async def once() -> None:
             answers = await self._answers(lookups, _OFFSET, names, consumer, time.monotonic())
             for i, s, (value, err) in zip(need, names, answers, strict=True):
-                stored[i] = offset = _stored(s, value, err)
+                stored[i] = offset = _stored(self.conn, s, value, err)
                 key = b.ids[i]
                 if key is not None:
                     lookups.offsets.put(s, consumer, key, offset)
@@ -257,7 +266,7 @@ class AsyncBrokerClient(ChunkProbes):
         probes: dict[int, StreamStats] = {}
         for i, (s, (raw, err)) in enumerate(zip(names, stats, strict=True)):
             if err is not None:
-                raise _stream_error(err, s)
+                raise _stream_error(self.conn, err, s, "read the stats of")
             st = _stats(raw)
             tail = self._known_tail(st)
             if tail is None and polling:
@@ -311,6 +320,8 @@ class AsyncBrokerClient(ChunkProbes):
             return None
         except rx.StreamDoesNotExist as e:
             raise StreamNotFoundError(f"stream '{stream}' does not exist") from e
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, stream, "read", "read a stored offset on") from e
 
     async def store_offset_unconfirmed(self, consumer: str, stream: str, offset: int) -> None:
         """StoreOffset alone (the protocol sends no reply): for callers that read back themselves."""
@@ -354,7 +365,8 @@ class AsyncBrokerClient(ChunkProbes):
         """Store `consumer`'s offsets, concurrently with bounded parallelism; confirmed by a read-back.
 
         StoreOffset has no reply in the protocol, so each store is followed by a query: a store that
-        returns has been applied.
+        returns has been applied. The broker drops a store silently where the user lacks read on the
+        stream (measured on RabbitMQ 4.0); the query then is refused too, and says so.
         """
         sem = asyncio.Semaphore(STORE_PARALLELISM)
 
@@ -362,7 +374,11 @@ class AsyncBrokerClient(ChunkProbes):
             async with sem:
                 await self._call("store_offset", lambda c: c.store_offset(stream, consumer, offset))
                 for _ in range(50):
-                    if await self.stored_offset(consumer, stream) == offset:
+                    try:
+                        stored = await self.stored_offset(consumer, stream)
+                    except AccessRefusedError as e:
+                        raise access_refused(self.conn, stream, "read", "store an offset on") from e
+                    if stored == offset:
                         return
                     await asyncio.sleep(0.02)
                 raise BrokerTimeoutError(
@@ -388,16 +404,23 @@ class AsyncBrokerClient(ChunkProbes):
         return kept
 
     async def create_stream(self, stream: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Create `stream` ("already exists" is fine). RabbitMQ checks configure before it looks for
+        the stream: without it, creating an existing stream is refused too (`ensure_stream` of
+        `runs.record` asks whether it exists first)."""
         try:
             await self._call("create_stream", lambda c: c.create_stream(stream, dict(arguments or {})))
         except rx.StreamAlreadyExists:
             pass
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, stream, "configure", "create") from e
 
     async def delete_stream(self, stream: str) -> None:
         try:
             await self._call("delete_stream", lambda c: c.delete_stream(stream))
         except rx.StreamDoesNotExist:
             pass
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, stream, "configure", "delete") from e
 
     async def create_super_stream(
         self, name: str, partitions: int, arguments: Mapping[str, Any] | None = None
@@ -412,12 +435,16 @@ class AsyncBrokerClient(ChunkProbes):
             )
         except rx.StreamAlreadyExists:
             pass
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, name, "configure", "create the super stream") from e
 
     async def delete_super_stream(self, name: str) -> None:
         try:
             await self._call("delete_super_stream", lambda c: c.delete_super_stream(name))
         except rx.StreamDoesNotExist:
             pass
+        except rx.AccessRefused as e:
+            raise access_refused(self.conn, name, "configure", "delete the super stream") from e
 
 
 class BrokerClient:

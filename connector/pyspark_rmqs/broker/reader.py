@@ -66,6 +66,7 @@ from pyspark_rmqs.core.errors import (
     BrokerUnavailableError,
     DataError,
     StreamNotFoundError,
+    access_refused,
     lost_message,
     report_data_loss,
 )
@@ -404,6 +405,11 @@ class RangeReader:
             client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             get_pool().release(self.conn, client)
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
+        except rx.AccessRefused as e:
+            client.deliver_sinks.pop(sub, None)
+            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
+            get_pool().release(self.conn, client)
+            raise access_refused(self.conn, self.stream, "read") from e
         except BaseException:
             client.deliver_sinks.pop(sub, None)
             client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")

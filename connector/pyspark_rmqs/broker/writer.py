@@ -25,6 +25,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rstream import exceptions as rx
+
 from pyspark_rmqs.broker import recovery
 from pyspark_rmqs.broker.loop import run_sync
 from pyspark_rmqs.broker.placement import connect_for
@@ -40,7 +42,7 @@ from pyspark_rmqs.broker.routing import HASH_SEED as HASH_SEED
 from pyspark_rmqs.broker.routing import Group, Router
 from pyspark_rmqs.broker.routing import hash_partition as hash_partition
 from pyspark_rmqs.broker.topology import Node, node_of
-from pyspark_rmqs.core.errors import BrokerUnavailableError, PublishError
+from pyspark_rmqs.core.errors import BrokerUnavailableError, PublishError, access_refused
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,9 @@ class StreamProducer:
                     id_limit=self.s.publishing_id_limit,
                 )
                 await pub.start()
+            except rx.AccessRefused as e:  # declaring a publisher needs write on the stream
+                await get_pool().discard(client)
+                raise access_refused(self.conn, stream, "write") from e
             except Exception:
                 await get_pool().discard(client)
                 raise

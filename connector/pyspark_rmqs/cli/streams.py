@@ -77,7 +77,11 @@ def create_command(
     *,
     conn: ConnectionFlags,
 ) -> None:
-    """Create a stream, or a super stream with N partitions (nothing happens if it exists)."""
+    """Create a stream, or a super stream with N partitions (nothing happens if it exists).
+
+    `--stream rmqs.runs` creates the run records' stream with its retention (newest 1 GB), for an
+    administrator preparing a virtual host whose teams may not create streams.
+    """
     from pyspark_rmqs.broker.client import BrokerClient
 
     client = BrokerClient(conn.connect())
@@ -85,7 +89,10 @@ def create_command(
     if t.is_super:
         client.create_super_stream(t.name, partitions)
     else:
-        client.create_stream(t.name)
+        from pyspark_rmqs.runs.record import RUNS_STREAM, RUNS_STREAM_ARGUMENTS
+
+        # The run records' stream gets the retention a run would give it (docs/permissions.md).
+        client.create_stream(t.name, RUNS_STREAM_ARGUMENTS if t.name == RUNS_STREAM else None)
     parts = t.streams(client)
     if as_json:
         print_json({"target": t.name, "superstream": t.is_super, "partitions": parts})

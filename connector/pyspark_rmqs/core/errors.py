@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 log = logging.getLogger("pyspark_rmqs.broker.positions")
 
@@ -24,6 +25,65 @@ class ConfigurationError(RmqsError, ValueError):
 
 class AuthenticationError(RmqsError):
     """The broker refused the credentials or the virtual host."""
+
+
+class AccessRefusedError(AuthenticationError):
+    """The broker refused an operation on a stream for lack of a permission (`access_refused`).
+
+    Never retried: waiting grants no permission. The message names the user, the virtual host, the
+    stream, the permission it needs (configure, write or read) and the `rabbitmqctl set_permissions`
+    change that grants it; `resource` and `permission` say the same for code. RabbitMQ checks
+    configure to create or delete a stream, write to publish, read to subscribe, to read a stream's
+    stats or a stored offset and to store an offset (docs/permissions.md).
+    """
+
+    def __init__(self, message: str, resource: str | None = None, permission: str | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.permission = permission
+
+    def __reduce__(self) -> Any:  # pickled whole (Spark, multiprocessing): keep the fields
+        return (type(self), (str(self), self.resource, self.permission))
+
+
+# What each permission lets a client do to a stream (the stream protocol, measured: docs/permissions.md).
+_DOING = {"configure": "create or delete", "write": "publish to", "read": "read"}
+_SLOT = {"configure": 0, "write": 1, "read": 2}
+_RUNS_NOTE = (
+    "rmqs keeps the records of watermark runs (runs that store their consumer's watermark) in the "
+    "stream 'rmqs.runs' of each virtual host: such a run needs read and write on it. "
+)
+
+
+def access_refused(
+    conn: Any, stream: str, permission: str, doing: str = "", note: str = "", other_fix: str = ""
+) -> AccessRefusedError:
+    """The one wording of a refused permission: who, where, which stream, which permission, the fix.
+
+    `conn` is the connection's options (its `username` and `vhost` are read); `permission` is
+    "configure", "write" or "read"; `doing` what was refused when more exact than the permission's
+    usual verb (e.g. "store an offset on"); `note` what else the user should know, `other_fix` a fix
+    to offer before granting the permission (ends with ", or ").
+    """
+    import re
+
+    user = str(getattr(conn, "username", None) or "guest")
+    vhost = str(getattr(conn, "vhost", None) or "/")
+
+    verb = doing or _DOING[permission]
+    pattern = "^" + re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", stream) + "$"  # '-' stays as it is
+    slots = ["'<configure>'", "'<write>'", "'<read>'"]
+    slots[_SLOT[permission]] = f"'<{permission}>|{pattern}'"
+    note = note or (_RUNS_NOTE if stream == "rmqs.runs" else "")
+    return AccessRefusedError(
+        f"access refused: user '{user}' may not {verb} stream '{stream}' in virtual host '{vhost}': "
+        f"that needs the {permission} permission on it. {note}Fix: {other_fix}add the stream to the user's "
+        f"{permission} pattern, keeping the current patterns (rabbitmqctl list_user_permissions "
+        f"{user}): rabbitmqctl set_permissions -p '{vhost}' '{user}' {' '.join(slots)}. Not retried: "
+        "waiting grants no permission",
+        resource=stream,
+        permission=permission,
+    )
 
 
 class StreamNotFoundError(RmqsError):
@@ -160,6 +220,10 @@ def classify(exc: BaseException) -> Classified:
     blip, a Spark executor lost): the orchestrator's retry policy applies.
     """
     state = getattr(exc, "commit_state", None)
+    if type(exc).__name__ == "AccessRefused" and type(exc).__module__.startswith("rstream"):
+        # rstream's own, where a path did not name the stream (`access_refused`): still never retried.
+        text = "AccessRefusedError: the broker refused an operation for lack of a permission"
+        return Classified(False, text, "AccessRefusedError", state)
     if isinstance(exc, RmqsError):
         return Classified(exc.retryable, f"{type(exc).__name__}: {exc}", type(exc).__name__, state)
     classes = _error_classes()
@@ -221,6 +285,7 @@ for _error in (
     RmqsError,
     ConfigurationError,
     AuthenticationError,
+    AccessRefusedError,
     StreamNotFoundError,
     DataLossError,
     BrokerUnavailableError,

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rstream import exceptions as rx
 from rstream import schema
 from rstream.constants import OffsetType
 
@@ -43,6 +44,7 @@ from pyspark_rmqs.core.errors import (
     ConfigurationError,
     ConsumerBusyError,
     LeaseLostError,
+    access_refused,
 )
 from pyspark_rmqs.runs.record import RUNS_STREAM, ensure_stream
 
@@ -307,6 +309,9 @@ async def _acquire(conn: Any, stream: str, name: str, wait_s: float) -> tuple[Rm
     except TimeoutError:
         await _close(client, sub)
         return None
+    except rx.AccessRefused as e:  # a single-active-consumer subscription: read on the stream
+        await _close(client, sub)
+        raise access_refused(conn, stream, "read", "take a run's lease (a subscription) on") from e
     except BaseException:
         await _close(client, sub)
         raise

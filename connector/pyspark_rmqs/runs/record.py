@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.core.codec import encode_body
+from pyspark_rmqs.core.errors import AccessRefusedError, access_refused
 
 if TYPE_CHECKING:
     from pyspark_rmqs.runs.lease import Lease
@@ -170,14 +171,39 @@ _ready_lock = threading.Lock()
 
 
 def ensure_stream(conn: Any) -> None:
-    """Create `rmqs.runs` once per process and connection (creating an existing stream is a no-op)."""
+    """Make sure `rmqs.runs` exists, once per process and connection: created only when missing.
+
+    RabbitMQ checks the configure permission before it looks whether a stream exists, so declaring
+    an existing `rmqs.runs` would make every run need configure on it (measured on 4.0: refused,
+    where a user with configure gets "already exists"). Asking first (Metadata, which needs no
+    permission) lets a team run with only read and write on it. Creating it is refused without
+    configure: the error then says who may create it, unless another process created it meanwhile.
+    """
     key = conn.cache_key()
     with _ready_lock:
         if key in _ready:
             return
-    BrokerClient(conn).create_stream(RUNS_STREAM, RUNS_STREAM_ARGUMENTS)
+    client = BrokerClient(conn)
+    if not client.stream_exists(RUNS_STREAM):
+        try:
+            client.create_stream(RUNS_STREAM, RUNS_STREAM_ARGUMENTS)
+        except AccessRefusedError as e:
+            if not client.stream_exists(RUNS_STREAM):
+                raise _cannot_create(conn) from e
     with _ready_lock:
         _ready.add(key)
+
+
+def _cannot_create(conn: Any) -> AccessRefusedError:
+    return access_refused(
+        conn,
+        RUNS_STREAM,
+        "configure",
+        "create",
+        note="It does not exist yet: rmqs keeps the records of watermark runs in it, one per virtual host. ",
+        other_fix=f"run `rmqs create --stream {RUNS_STREAM}` once as a user allowed to configure it (it "
+        "gets the retention a run would give it; runs then need only read and write on it), or ",
+    )
 
 
 def latest(conn: Any, consumer: str, target: str, *, lease: Lease | None = None) -> RunRecord | None:

@@ -1,0 +1,152 @@
+"""Least privilege (issue 46): what each operation needs, measured with limited users on the real broker.
+
+Every test makes its own user (management API) allowed only its team's streams (`^team...-.*`) and,
+where it says so, `rmqs.runs`; the user is deleted afterwards. A refusal must be an
+`AccessRefusedError` that is never retried and names the stream, the permission and the fix.
+The Airflow and Dagster edges are tested in tests/airflow/ and tests/dagster/ (test_permissions.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.errors import AccessRefusedError, classify
+from pyspark_rmqs.runs import record
+from tests.conftest import StreamFactory
+from tests.support.broker import BrokerSettings, management
+from tests.support.data import client, conn_of, publish
+from tests.support.permissions import RUNS, fresh_vhost, limited_user, team_prefix
+
+pytestmark = pytest.mark.timeout(300)
+RMQS = Path(sys.executable).parent / "rmqs"
+
+
+def assert_refused(e: BaseException, stream: str, permission: str) -> None:
+    """The one shape of a refusal: typed, not retried, naming the stream, the permission and the fix."""
+    assert isinstance(e, AccessRefusedError), repr(e)
+    assert (e.resource, e.permission) == (stream, permission)
+    verdict = classify(e)
+    assert verdict.retryable is False and verdict.error == "AccessRefusedError"
+    text = str(e)
+    assert f"'{stream}'" in text and f"needs the {permission} permission" in text, text
+    assert "rabbitmqctl set_permissions" in text, text
+
+
+def rmqs(*args: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RMQS_")}
+    return subprocess.run(
+        [str(RMQS), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, env=base, timeout=180
+    )
+
+
+def conn_args(b: BrokerSettings) -> list[str]:
+    return [
+        "--endpoints",
+        f"{b.host}:{b.port}",
+        "--username",
+        b.username,
+        "--password",
+        b.password,
+        "--vhost",
+        b.vhost,
+    ]
+
+
+def test_each_stream_operation_needs_the_permission_measured(
+    broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    """Stats and stored offsets need read; storing an offset (a tracking entry) needs read, not
+    write: the broker drops a store without read silently, and the read-back says so."""
+    team = team_prefix()
+    s = streams.stream(team)
+    publish(broker, s, [b"m"] * 10)
+    own = f"^{team}-.*"
+    with limited_user(broker, configure="^$", write=own, read="^$") as writer:
+        c = BrokerClient(conn_of(writer))
+        with pytest.raises(AccessRefusedError) as stats:
+            c.tail(s)
+        assert_refused(stats.value, s, "read")
+        with pytest.raises(AccessRefusedError) as store:
+            c.store_offsets("team-consumer", {s: 4})
+        assert_refused(store.value, s, "read")
+        assert "store an offset on" in str(store.value)
+        with pytest.raises(AccessRefusedError) as create:
+            c.create_stream(f"{team}-new")
+        assert_refused(create.value, f"{team}-new", "configure")
+    assert client(broker).stored_offset("team-consumer", s) is None  # the refused store left nothing
+    with limited_user(broker, configure="^$", write="^$", read=own) as reader:
+        c = BrokerClient(conn_of(reader))
+        assert c.tail(s) == 10
+        c.store_offsets("team-consumer", {s: 4})  # read alone stores an offset
+        assert c.stored_offset("team-consumer", s) == 4
+
+
+def test_rmqs_runs_is_never_declared_when_it_exists(broker: BrokerSettings) -> None:
+    """RabbitMQ checks configure before it looks for the stream: declaring the existing `rmqs.runs`
+    without configure is refused (measured). rmqs asks first, so read and write on it suffice."""
+    record.ensure_stream(conn_of(broker))  # exists (guest may configure anything)
+    with limited_user(broker, configure="^$", write=RUNS, read=RUNS) as team:
+        with pytest.raises(AccessRefusedError):  # what every run did before: declare it again
+            BrokerClient(conn_of(team)).create_stream(record.RUNS_STREAM, record.RUNS_STREAM_ARGUMENTS)
+        record.ensure_stream(conn_of(team))  # asks, finds it, declares nothing
+
+
+def test_missing_rmqs_runs_without_configure_says_who_may_create_it(broker: BrokerSettings) -> None:
+    with (
+        fresh_vhost(broker) as vhost,
+        limited_user(broker, configure="^x-.*", write=".*", read=".*", vhost=vhost) as t,
+    ):
+        with pytest.raises(AccessRefusedError) as e:
+            record.ensure_stream(conn_of(t))
+        assert_refused(e.value, "rmqs.runs", "configure")
+        assert "does not exist yet" in str(e.value) and "rmqs create --stream rmqs.runs" in str(e.value)
+        # The fix it names: an administrator creates it once, with the retention a run would give it.
+        admin = BrokerSettings(host=broker.host, port=broker.port, vhost=vhost)
+        done = rmqs("create", "--stream", "rmqs.runs", *conn_args(admin))
+        assert done.returncode == 0, done.stderr
+        q = management("GET", f"queues/{vhost.replace('/', '%2F')}/rmqs.runs")
+        assert q["arguments"]["x-max-length-bytes"] == record.RUNS_STREAM_ARGUMENTS["max-length-bytes"]
+        record.ensure_stream(conn_of(t))  # now it exists: nothing is declared, nothing refused
+
+
+def test_cli_watermark_set_and_lag_refused_exit_with_the_fix(
+    broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    team = team_prefix()
+    s = streams.stream(team)
+    publish(broker, s, [b"m"] * 20)
+    own = f"^{team}-.*"
+    record.ensure_stream(conn_of(broker))
+    with limited_user(broker, configure=own, write=own, read=own) as t:
+        r = rmqs(
+            "watermark", "set", "--stream", s, "--consumer", "ops", "--to", "latest", "--yes", *conn_args(t)
+        )
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        err = " ".join(r.stderr.split())  # rich wraps the red line
+        assert "unexpected error" not in err and "Traceback" not in err
+        assert "access refused" in err and "'rmqs.runs'" in err and "rabbitmqctl set_permissions" in err
+        assert t.password not in r.stdout + r.stderr
+        show = rmqs("watermark", "show", "--stream", s, "--consumer", "ops", *conn_args(t))
+        assert show.returncode == 1 and "read a stored offset on stream 'rmqs.runs'" in " ".join(
+            show.stderr.split()
+        )
+    with limited_user(broker, configure="^$", write="^$", read="^$") as nobody:
+        r = rmqs("lag", "--stream", s, "--consumer", "ops", "--json", *conn_args(nobody))
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        err = " ".join(r.stderr.split())
+        assert "unexpected error" not in err and f"stream '{s}'" in err and "needs the read permission" in err
+    with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
+        r = rmqs(
+            "watermark", "set", "--stream", s, "--consumer", "ops", "--to", "latest", "--yes", *conn_args(t)
+        )
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        lag = rmqs("lag", "--stream", s, "--consumer", "ops", "--json", *conn_args(t))
+        assert lag.returncode == 0, lag.stderr
+        assert client(broker).stored_offset("ops", s) == 19 and json.loads(lag.stdout)
