@@ -75,6 +75,9 @@ class _StreamOperator(BaseOperator):
         return lineage.operator_lineage(inputs, outputs, self._operation, self._summary)
 
 
+# Templated on every operator and sensor, as the Airflow Kafka provider templates `kafka_config_id`:
+# one DAG can pick a team's or an environment's connection from params or a Variable.
+CONNECTION_FIELDS: tuple[str, ...] = ("rabbitmq_stream_conn_id",)
 BOUNDED_READ_FIELDS: tuple[str, ...] = (
     "stream",
     "superstream",
@@ -83,6 +86,7 @@ BOUNDED_READ_FIELDS: tuple[str, ...] = (
     "end",
     "starting_offsets",
     "max_messages",
+    *CONNECTION_FIELDS,
 )
 BOUNDED_READ_RENDERERS = {"start": "json", "end": "json"}
 
@@ -109,6 +113,8 @@ class _BoundedReadOperator(_StreamOperator):
         name fails with `ConsumerBusyError` before it reads.
     :param fail_on_data_loss: fail when retention removed part of the range (else skip it, logged).
     :param metadata_fields: the source's `metadataFields` option (default: all metadata columns).
+    :param rabbitmq_stream_conn_id: the Airflow connection (type `rabbitmq_stream`) of the broker
+        (templated, default `rabbitmq_stream_default`).
     """
 
     template_fields: Sequence[str] = BOUNDED_READ_FIELDS

@@ -34,6 +34,7 @@ from airflow_rmqs.hooks import secret_values
 from airflow_rmqs.operator_base import (
     BOUNDED_READ_FIELDS,
     BOUNDED_READ_RENDERERS,
+    CONNECTION_FIELDS,
     _BoundedReadOperator,
     _StreamOperator,
     pipeline_of,
@@ -57,6 +58,10 @@ from pyspark_rmqs.runs.outputs.delivery import check_delivery, takes_token
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+# The Spark operators' templated Spark settings: a connection id and `spark_conf` from params or Variables.
+SPARK_FIELDS: tuple[str, ...] = ("spark_conn_id", "spark_conf")
+SPARK_RENDERERS = {"spark_conf": "json"}
+
 __all__ = [
     "SPARK_EXTRA",
     "RabbitMQStreamConsumeOperator",
@@ -73,11 +78,15 @@ __all__ = [
 class _SparkOperator(_StreamOperator):
     """Connection and SparkSession plumbing shared by the Spark operators (the `rmqs[spark]` extra).
 
-    :param spark_conn_id: an Airflow connection holding the Spark Connect URL and token (Host
-        `sc://host`, Port 15002, token in Password, extra `use_ssl`), or a master URL in Host
-        (`local[4]`, `spark://...`). Keeps the token out of DAG code; it is masked in task logs.
+    :param spark_conn_id: an Airflow connection of type `spark_connect` (the Apache Spark provider's
+        Spark Connect connection: Host `sc://host` or `host`, Port default 15002, Token in Password,
+        User ID in Login, extra `use_ssl`), or of type `spark` whose Host is a master URL
+        (`local[4]`, `spark://host` with Port, `yarn`, `k8s://...`). Only these fields are read, so
+        a `generic` connection laid out the same way works too. Keeps the token out of DAG code; it
+        is masked in task logs. Templated.
     :param spark_master: master of the local session (default `local[2]`); ignored with a remote.
-    :param spark_conf: extra Spark configuration for the session.
+    :param spark_conf: extra Spark configuration for the session (templated: its values may be
+        Jinja, e.g. `{"spark.executor.memory": "{{ var.value.etl_memory }}"}`).
     :param spark_remote: a Spark Connect URL (`sc://host:15002`); prefer `spark_conn_id`, which
         keeps a token out of DAG code.
 
@@ -221,8 +230,9 @@ class RabbitMQStreamReadOperator(_BoundedReadOperator, _SparkOperator):
         "output_format",
         "output_mode",
         "output_options",
+        *SPARK_FIELDS,
     )
-    template_fields_renderers = {**BOUNDED_READ_RENDERERS, "output_options": "json"}
+    template_fields_renderers = {**BOUNDED_READ_RENDERERS, "output_options": "json", **SPARK_RENDERERS}
 
     def __init__(
         self,
@@ -309,8 +319,10 @@ class RabbitMQStreamDrainOperator(_SparkOperator):
         "output_format",
         "output_options",
         "source_options",
+        *CONNECTION_FIELDS,
+        *SPARK_FIELDS,
     )
-    template_fields_renderers = {"output_options": "json", "source_options": "json"}
+    template_fields_renderers = {"output_options": "json", "source_options": "json", **SPARK_RENDERERS}
 
     def __init__(
         self,
@@ -391,8 +403,10 @@ class RabbitMQStreamPublishOperator(_SparkOperator):
         "input_format",
         "input_options",
         "sink_options",
+        *CONNECTION_FIELDS,
+        *SPARK_FIELDS,
     )
-    template_fields_renderers = {"input_options": "json", "sink_options": "json"}
+    template_fields_renderers = {"input_options": "json", "sink_options": "json", **SPARK_RENDERERS}
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from airflow_rmqs.hooks import secret_values
 from airflow_rmqs.operator_base import (
     BOUNDED_READ_FIELDS,
     BOUNDED_READ_RENDERERS,
+    CONNECTION_FIELDS,
     _BoundedReadOperator,
     _StreamOperator,
     pipeline_of,
@@ -211,6 +212,7 @@ class RabbitMQStreamProduceOperator(_StreamOperator):
         "producer_function_kwargs",
         "producer_name",
         "run_identity",
+        *CONNECTION_FIELDS,
     )
 
     def __init__(

@@ -26,7 +26,8 @@ def _default_deferrable() -> bool:
 
 
 class _WatermarkSensor(BaseSensorOperator):
-    template_fields: Sequence[str] = ("stream", "superstream", "consumer_name")
+    # The connection id is templated, as on the operators (`operator_base.CONNECTION_FIELDS`).
+    template_fields: Sequence[str] = ("stream", "superstream", "consumer_name", "rabbitmq_stream_conn_id")
 
     def __init__(
         self,

@@ -34,9 +34,11 @@ def require_pyspark(operator: str) -> None:
 def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
     """(Spark Connect URL, master) from an Airflow connection; the URL holds the token.
 
-    Host `sc://host` or `host` (port default 15002) with the token in Password (or extra `token`),
-    extra `use_ssl` / `user_id` -> `sc://host:15002/;use_ssl=true;token=...`. A host that is a
-    Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`) starts a local driver on it instead.
+    The Apache Spark provider's `spark_connect` connection type: Host `sc://host` or `host` (port
+    default 15002), the token in Password (or extra `token`), the user id in Login (or extra
+    `user_id`), extra `use_ssl` -> `sc://host:15002/;use_ssl=true;user_id=...;token=...`. A host
+    that is a Spark master (`local[...]`, `spark://`, `yarn`, `k8s://`: the provider's `spark`
+    connection type) starts a local driver on it instead. The connection's type is not checked.
     Parameter values are percent-encoded (PySpark decodes them): a token may hold `/ ; = +`.
     """
     extra = conn.extra_dejson if conn.extra else {}
@@ -53,8 +55,9 @@ def spark_connect_url(conn: Any) -> tuple[str | None, str | None]:
     token = conn.password or extra.get("token")
     if str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"):
         params.append("use_ssl=true")
-    if extra.get("user_id"):
-        params.append(f"user_id={quote(str(extra['user_id']), safe='')}")
+    user_id = extra.get("user_id") or getattr(conn, "login", None)
+    if user_id:
+        params.append(f"user_id={quote(str(user_id), safe='')}")
     if token:
         params.append(f"token={quote(str(token), safe='')}")
     return f"sc://{base}/" + (";" + ";".join(params) if params else ""), None

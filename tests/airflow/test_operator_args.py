@@ -198,3 +198,52 @@ def test_every_operator_is_importable_from_airflow_rmqs_operators() -> None:
     ):
         assert name in operators.__all__ and getattr(operators, name).__name__ == name
     assert operators.RabbitMQStreamConsumeOperator is plain_operators.RabbitMQStreamConsumeOperator
+
+
+def test_connection_ids_and_spark_conf_are_templated_on_every_operator_and_sensor() -> None:
+    """As the Airflow Kafka provider templates `kafka_config_id`: one DAG picks a team's or an
+    environment's connections from params or Variables."""
+    import jinja2
+
+    from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamProduceOperator
+    from airflow_rmqs.sensors import RabbitMQStreamLagSensor, RabbitMQStreamNewDataSensor
+
+    conn = {"rabbitmq_stream_conn_id": "{{ params.rmq }}"}
+    spark = {
+        **conn,
+        "spark_conn_id": "{{ params.spark }}",
+        "spark_conf": {"spark.executor.memory": "{{ params.mem }}"},
+    }
+    made = [
+        RabbitMQStreamReadOperator(task_id="r", stream="s", consumer_name="c", output_path="/o", **spark),
+        RabbitMQStreamDrainOperator(
+            task_id="d", stream="s", consumer_name="c", checkpoint_location="/cp", output_path="/o", **spark
+        ),
+        RabbitMQStreamPublishOperator(task_id="p", stream="s", input_path="/i", **spark),
+        RabbitMQStreamConsumeOperator(task_id="c", stream="s", consumer_name="c", output_path="/o", **conn),
+        RabbitMQStreamProduceOperator(task_id="pr", stream="s", producer_function=list, **conn),
+        RabbitMQStreamLagSensor(task_id="l", stream="s", consumer_name="c", **conn),
+        RabbitMQStreamNewDataSensor(task_id="n", stream="s", consumer_name="c", **conn),
+    ]
+    context = {"params": {"rmq": "rmq_team_a", "spark": "spark_team_a", "mem": "4g"}}
+    for op in made:
+        op.render_template_fields(context, jinja_env=jinja2.Environment())
+        assert op.rabbitmq_stream_conn_id == "rmq_team_a", type(op).__name__
+        if "spark_conn_id" in spark and hasattr(op, "spark_conn_id"):
+            assert (op.spark_conn_id, op.spark_conf) == ("spark_team_a", {"spark.executor.memory": "4g"})
+            assert op.template_fields_renderers["spark_conf"] == "json"
+    assert sum(hasattr(op, "spark_conn_id") for op in made) == 3
+
+
+def test_spark_conn_id_reads_the_spark_connect_connection_type_user_id_from_login() -> None:
+    """The Apache Spark provider's `spark_connect` type keeps the user id in Login ("User ID")."""
+    from airflow.models.connection import Connection
+
+    from airflow_rmqs.operators import spark_connect_url
+
+    typed = Connection(
+        conn_id="sc", conn_type="spark_connect", host="sc://spark.example", login="etl", password="t0k"
+    )
+    assert spark_connect_url(typed) == ("sc://spark.example:15002/;user_id=etl;token=t0k", None)
+    master = Connection(conn_id="m", conn_type="spark", host="spark://master", port=7077)
+    assert spark_connect_url(master) == (None, "spark://master:7077")

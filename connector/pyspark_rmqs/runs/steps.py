@@ -308,6 +308,7 @@ def _commit_files(
         )
         summary.rows, summary.bytes, summary.records_written = record.rows, record.bytes, 0
         summary.extra["sink_skipped"] = True
+        summary.extra["files"] = [commits.path_of(f) for f in record.files]
         return
     done = commits.committed_spans(token) if sink.skip_committed else {}  # earlier runs' commits here
     if done:
@@ -349,7 +350,9 @@ def _commit_files(
         raise mark_commit_state(e, CommitState.UNKNOWN) from None
     summary.commit_ms = _ms_since(t_commit)
     summary.bytes_written = sum((commits.root / f).stat().st_size for f in files)
-    summary.extra["files"] = len(files)
+    # The paths of the run's files, as the Spark-free consume run reports them: what a downstream
+    # task loads (a count would make it list the folder, and tell this run's files from others' by name).
+    summary.extra["files"] = [commits.path_of(f) for f in files]
 
 
 def _fence(plan: ReadPlan, before: str) -> None:
