@@ -18,7 +18,9 @@ Everything maps onto the Python factories (`build_stream_asset`, `build_new_data
 `build_lag_check`), so YAML and Python assets behave alike. `asset_attributes` is Dagster's own
 model of asset attributes (the one `post_processing` uses), templates included; `pool` is the
 concurrency pool (default `rmqs-<consumer_name>`). Secrets are named, never written:
-`password_env` / `uris_env` become `EnvVar`s, read when a run connects.
+`password_env` / `uris_env` (and the TLS stores' `*_password_env`) become `EnvVar`s, read when a
+run connects. Mutual TLS: `connection: {tls: true, tls_ca_file: ..., tls_cert_file: ...,
+tls_key_file: ...}`, or `tls_keystore` with `tls_keystore_password_env`.
 """
 
 from typing import Any, Literal
@@ -42,7 +44,13 @@ from dagster_rmqs.targets import DEFAULT_RABBITMQ_KEY, DEFAULT_SPARK_KEY
 
 
 class ConnectionModel(Model):
-    """A `RabbitMQStreamsResource` provided under the component's `rabbitmq_key`."""
+    """A `RabbitMQStreamsResource` provided under the component's `rabbitmq_key`.
+
+    TLS as the resource takes it: the broker's CA (`tls_ca_file` or a JKS/PKCS12 `tls_truststore`)
+    and, for mutual TLS, the client's certificate and key as PEM files (`tls_cert_file`,
+    `tls_key_file`) or a PKCS12/JKS `tls_keystore`. Store passwords are named by environment
+    variable, as the broker password is (`*_password_env`), never written in YAML.
+    """
 
     endpoints: str | None = None
     uris_env: str | None = None  # the name of an environment variable holding the URIs
@@ -51,6 +59,18 @@ class ConnectionModel(Model):
     vhost: str | None = None
     tls: bool = False
     tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_truststore: str | None = None
+    tls_truststore_password_env: str | None = None
+    tls_keystore: str | None = None
+    tls_keystore_password_env: str | None = None
+    tls_trust_all: bool = False
+
+
+def _env(name: str | None) -> Any:
+    """An `EnvVar` read when a run connects (a secret named, never written), or None."""
+    return EnvVar(name) if name else None
 
 
 class SparkModel(Model):
@@ -210,6 +230,13 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
                 vhost=c.vhost,
                 tls=c.tls,
                 tls_ca_file=c.tls_ca_file,
+                tls_cert_file=c.tls_cert_file,
+                tls_key_file=c.tls_key_file,
+                tls_truststore=c.tls_truststore,
+                tls_truststore_password=_env(c.tls_truststore_password_env),
+                tls_keystore=c.tls_keystore,
+                tls_keystore_password=_env(c.tls_keystore_password_env),
+                tls_trust_all=c.tls_trust_all,
             )
         if self.spark is not None and self.engine == "spark":
             resources[self.spark_key] = SparkSessionResource(

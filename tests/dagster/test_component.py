@@ -205,3 +205,53 @@ def test_a_yaml_declared_stream_asset_sensor_and_check_run_against_the_broker(
     assert sorted(pq.read_table(out).column("value").to_pylist()) == sorted(
         f"y{i}".encode() for i in range(33)
     )
+
+
+def test_a_yaml_component_connects_with_mutual_tls(
+    broker: BrokerSettings, streams: StreamFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client certificate and key from YAML reach the broker's TLS listener: the test CA's client
+    certificate reads the stream; a certificate from another CA, same YAML otherwise, is refused
+    (so the certificate is presented, not ignored). A PKCS12 keystore's password comes from an
+    environment variable, never from the YAML."""
+    from pyspark_rmqs.broker.client import BrokerClient
+    from pyspark_rmqs.core.errors import BrokerUnavailableError
+    from tests.integration.test_tls import TLS_PORT, make_ca, make_cert, openssl
+    from tests.support.broker import broker_sh
+
+    if broker.external:
+        pytest.skip("needs the local broker's test CA and TLS listener")
+    certs = Path(broker_sh("tls-dir").stdout.strip())  # the test CA and its client certificate
+    s = streams.stream("mtls")
+    publish(broker, s, [b"m"] * 7)
+    intruder = make_cert(tmp_path, make_ca(tmp_path, "intruder-ca"), "intruder")
+    store = tmp_path / "client.p12"
+    openssl("pkcs12", "-export", "-in", certs / "client.pem", "-inkey", certs / "client.key",
+            "-out", store, "-passout", "pass:St0re-PW")  # fmt: skip
+    monkeypatch.setenv("RMQS_DG_KEYSTORE_PASSWORD", "St0re-PW")
+
+    def resource(client_tls: str) -> RabbitMQStreamsResource:
+        with create_defs_folder_sandbox() as sandbox:
+            path = sandbox.defs_folder_path / "events"
+            path.mkdir()
+            (path / "defs.yaml").write_text(
+                "type: dagster_rmqs.RabbitMQStreamComponent\nattributes:\n"
+                f"  name: events\n  stream: {s}\n  consumer_name: mtls\n  output_path: lake/events\n"
+                f"  engine: arrow\n  connection:\n    endpoints: 'localhost:{TLS_PORT}'\n"
+                f"    tls: true\n    tls_ca_file: '{certs / 'ca.pem'}'\n{client_tls}"
+            )
+            with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+                found = (defs.resources or {})["rabbitmq"]
+                assert isinstance(found, RabbitMQStreamsResource)
+                return found
+
+    pem = resource(
+        f"    tls_cert_file: '{certs / 'client.pem'}'\n    tls_key_file: '{certs / 'client.key'}'\n"
+    )
+    assert BrokerClient(pem.connection_options()).tail(s) == 7
+    p12 = resource(f"    tls_keystore: '{store}'\n    tls_keystore_password_env: RMQS_DG_KEYSTORE_PASSWORD\n")
+    assert "St0re-PW" not in repr(p12)
+    assert BrokerClient(p12.connection_options()).tail(s) == 7
+    refused = resource(f"    tls_cert_file: '{intruder[0]}'\n    tls_key_file: '{intruder[1]}'\n")
+    with pytest.raises(BrokerUnavailableError, match="client certificate"):
+        BrokerClient(refused.connection_options()).tail(s)
