@@ -116,6 +116,21 @@ def test_missing_rmqs_runs_without_configure_says_who_may_create_it(broker: Brok
         record.ensure_stream(conn_of(t))  # now it exists: nothing is declared, nothing refused
 
 
+def test_reading_a_watermark_creates_no_rmqs_runs(broker: BrokerSettings) -> None:
+    """`rmqs watermark show` only looks: in a virtual host without `rmqs.runs` it shows the
+    watermark to a user who may only read, and creates nothing."""
+    with fresh_vhost(broker) as vhost:
+        admin = BrokerSettings(host=broker.host, port=broker.port, vhost=vhost)
+        BrokerClient(conn_of(admin)).create_stream("teamx-orders")
+        with limited_user(broker, configure="^$", write="^$", read="^teamx-.*", vhost=vhost) as t:
+            show = rmqs(
+                "watermark", "show", "--stream", "teamx-orders", "--consumer", "c", "--json", *conn_args(t)
+            )
+            assert show.returncode == 0, show.stderr
+            assert json.loads(show.stdout)["partitions"][0]["stream"] == "teamx-orders"
+        assert not BrokerClient(conn_of(admin)).stream_exists(record.RUNS_STREAM)
+
+
 def test_cli_watermark_set_and_lag_refused_exit_with_the_fix(
     broker: BrokerSettings, streams: StreamFactory
 ) -> None:

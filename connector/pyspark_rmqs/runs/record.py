@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.core.codec import encode_body
-from pyspark_rmqs.core.errors import AccessRefusedError, access_refused
+from pyspark_rmqs.core.errors import AccessRefusedError, StreamNotFoundError, access_refused
 
 if TYPE_CHECKING:
     from pyspark_rmqs.runs.lease import Lease
@@ -287,10 +287,20 @@ def latest_body(conn: Any, key: str, match: Any) -> bytes | None:
 
 
 def read_latest(conn: Any, key: str, match: Any) -> tuple[bytes | None, int | None]:
-    """`latest_body`, and the pointer it was found by (None: `key` has none)."""
-    ensure_stream(conn)
+    """`latest_body`, and the pointer it was found by (None: `key` has none).
+
+    Reading creates nothing: where `rmqs.runs` does not exist no run wrote a record, and a read-only
+    look (`rmqs watermark show`) needs no configure permission. Runs that write took their lease
+    first, which makes sure the stream exists (`lease.acquire`)."""
     client = BrokerClient(conn)
-    pointer = client.stored_offset(key, RUNS_STREAM)
+    try:
+        pointer = client.stored_offset(key, RUNS_STREAM)
+    except StreamNotFoundError:
+        return None, None
+    except AccessRefusedError:  # the broker checks read before existence: a missing stream is no error
+        if client.stream_exists(RUNS_STREAM):
+            raise
+        return None, None
     if pointer is None:
         return None, None
     found = client.find_message(RUNS_STREAM, pointer, match)
