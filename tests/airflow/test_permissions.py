@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_rmqs.operators import RabbitMQStreamConsumeOperator, RabbitMQStreamProduceOperator
+from airflow_rmqs.operators import (
+    RabbitMQStreamConsumeOperator,
+    RabbitMQStreamDrainOperator,
+    RabbitMQStreamProduceOperator,
+    RabbitMQStreamReadOperator,
+)
 from airflow_rmqs.sensors import RabbitMQStreamLagSensor
 from airflow_rmqs.triggers import RabbitMQStreamLagTrigger
 from pyspark_rmqs.errors import AccessRefusedError
@@ -163,3 +170,42 @@ def test_a_named_produce_run_needs_read_and_write_on_rmqs_runs(
         conn_env("team_w", t.uri)
         assert named.execute({})["rows"] == 50
         assert client(broker).tail(s) == 350
+
+
+@pytest.mark.spark
+def test_spark_drain_and_read_need_read_and_write_on_rmqs_runs(
+    spark: Any, broker: BrokerSettings, team: tuple[str, str], conn_env: Any, tmp_path: Path
+) -> None:
+    """The Spark operators as the Spark-free one: refused for good without `rmqs.runs`, every offset
+    with read and write on it (executors connect as the same limited user)."""
+    own, s = team
+
+    def drain(name: str) -> RabbitMQStreamDrainOperator:
+        return RabbitMQStreamDrainOperator(
+            task_id="drain",
+            stream=s,
+            consumer_name="team-drain",
+            checkpoint_location=str(tmp_path / f"cp-{name}"),
+            output_path=str(tmp_path / f"drain-{name}"),
+            rabbitmq_stream_conn_id="team_s",
+            timeout=120,
+        )
+
+    with limited_user(broker, configure=own, write=own, read=own) as t:
+        conn_env("team_s", t.uri)
+        refused(lambda: drain("refused").execute({}), "rmqs.runs", "read")
+    with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
+        conn_env("team_s", t.uri)
+        assert drain("allowed").execute({})["rows"] == 300
+        read = RabbitMQStreamReadOperator(
+            task_id="read",
+            stream=s,
+            consumer_name="team-read",
+            output_path=str(tmp_path / "read"),
+            rabbitmq_stream_conn_id="team_s",
+        ).execute({})
+        assert read["rows"] == 300 and read["watermark_stored"] is True
+    for folder in ("drain-allowed", "read"):
+        got = sorted(pq.read_table(tmp_path / folder, columns=["offset"])["offset"].to_pylist())
+        assert got == list(range(300)), folder  # every offset once
+    assert client(broker).stored_offsets("team-read", [s]) == {s: 299}
