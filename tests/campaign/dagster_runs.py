@@ -159,6 +159,17 @@ class DagsterRuns:
         lag = events[0].metadata.get("total_lag")
         return None if lag is None else int(lag.value)
 
+    def lag_check_passes(self, asset: Any) -> bool:
+        """Dagster's blocking lag check of `asset` (`build_lag_check(max_lag=0)`), run once: whether
+        it passed (downstream assets would materialize)."""
+        from dagster import build_asset_check_context
+
+        from dagster_rmqs import build_lag_check
+
+        check = build_lag_check(asset, max_lag=0)
+        result: Any = check(build_asset_check_context(resources=self.resources, instance=self.instance))
+        return bool(result.passed)
+
     def materialize(
         self, asset: Any, name: str, attempt: Attempt, partition_key: str | None = None
     ) -> Attempt:
