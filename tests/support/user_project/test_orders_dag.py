@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,17 +11,6 @@ import pytest
 from pytest_rmqs import RabbitMQTestBroker
 
 pytest.importorskip("airflow")
-DAG_FILE = Path(__file__).parent / "dags" / "orders_to_parquet.py"
-
-
-def load_dag(monkeypatch: pytest.MonkeyPatch, **env: str):  # type: ignore[no-untyped-def]
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    spec = importlib.util.spec_from_file_location("orders_to_parquet", DAG_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
 
 
 def test_the_dag_writes_new_messages_to_parquet(
@@ -33,7 +22,9 @@ def test_the_dag_writes_new_messages_to_parquet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rmqs_broker.publish([f"order-{i}" for i in range(100)], stream=rmqs_stream)
-    dag = load_dag(monkeypatch, ORDERS_STREAM=rmqs_stream, ORDERS_OUTPUT=str(tmp_path / "out"))
+    monkeypatch.setenv("ORDERS_STREAM", rmqs_stream)
+    monkeypatch.setenv("ORDERS_OUTPUT", str(tmp_path / "out"))
+    dag = runpy.run_path(str(Path(__file__).parent / "dags" / "orders_to_parquet.py"))["dag"]
 
     assert dag.test().state == "success"
 
