@@ -484,3 +484,69 @@ def test_on_s3_a_run_makes_one_listing_and_reads_no_file_list(
     # The move to the final name (the upload's own PUT goes through s3fs's file object, not
     # counted here): a HEAD (the size), the copy, the delete.
     assert sorted(m for m, _ in calls) == ["copy_object", "delete_object", "head_object"], calls
+
+
+def test_on_s3_committed_files_lists_twice_at_once_and_reads_the_index_and_log_without_a_head(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's S3 server through s3fs: `committed_files` makes one LIST of `_rmqs_commits/` and one of
+    `_spark_metadata/` (in parallel), then GETs: no HEAD, and no listing of the output itself (s3fs's
+    `ls` of an absent prefix lists its parent next: every file of the output, a request per 1,000;
+    pyarrow's handler probed the log with a LIST, a HEAD and a LIST)."""
+    import s3fs
+
+    from pyspark_rmqs.runs.outputs.delivery import StoreCommits
+    from pyspark_rmqs.runs.outputs.objectstore import locate
+
+    calls: list[tuple[str, str]] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counted(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(
+            (getattr(method, "__name__", str(method)), str(kwargs.get("Key") or kwargs.get("Prefix")))
+        )
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    bucket = s3.new_bucket("reader")
+    out = f"s3://{bucket}/orders"
+    commits = StoreCommits(locate(out, storage_options=s3.storage_options()))
+    runs = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(40)]
+    for t in runs:  # two compactions: one index, 8 records listed
+        commits.commit(t, [_file(t)], 10, 1)
+    want = sorted(f"{bucket}/orders/{_file(t)}" for t in runs)
+    calls.clear()
+    assert committed_files(out, storage_options=s3.storage_options()) == want
+    assert sorted(m for m, _ in calls) == ["get_object"] * 10 + ["list_objects_v2"] * 2, calls
+    assert sorted(k for m, k in calls if m == "list_objects_v2") == [
+        "orders/_rmqs_commits/",
+        "orders/_spark_metadata/",
+    ], calls
+    # A Spark file sink's log beside them (as an AvailableNow drain leaves it): listed once, each
+    # batch one GET.
+    client = s3.client()
+    for batch, name in ((0, "part-0.parquet"), (1, "part-1.parquet")):
+        entry = {"path": f"s3a://{bucket}/orders/{name}", "size": 1, "isDir": False, "action": "add"}
+        client.put_object(
+            Bucket=bucket, Key=f"orders/_spark_metadata/{batch}", Body=f"v1\n{json.dumps(entry)}\n"
+        )
+    calls.clear()
+    found = committed_files(out, storage_options=s3.storage_options())
+    assert found == sorted([*want, f"{bucket}/orders/part-0.parquet", f"{bucket}/orders/part-1.parquet"])
+    assert sorted(m for m, _ in calls) == ["get_object"] * 12 + ["list_objects_v2"] * 2, calls
+
+
+def test_each_s3_file_system_has_its_own_session_and_shares_botocore_s_parsed_data() -> None:
+    """`locate` with `storage_options` makes a fresh s3fs instance (so a credential rotation is
+    seen): its botocore session is new, but the S3 API data botocore parses for a session (100 to
+    400 ms of a busy machine, more than a reader's requests) is loaded once per process."""
+    import aiobotocore.session
+
+    from pyspark_rmqs.runs.outputs.objectstore import fsspec_of, locate
+
+    options = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+    a, b = (fsspec_of(locate("s3://b/o", storage_options=options).fs) for _ in range(2))
+    assert a is not b and a.session is not b.session
+    assert a.session.get_component("data_loader") is b.session.get_component("data_loader")
+    given = aiobotocore.session.AioSession()  # a session the caller gives stays theirs
+    assert fsspec_of(locate("s3://b/o", storage_options={**options, "session": given}).fs).session is given

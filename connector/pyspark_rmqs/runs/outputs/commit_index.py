@@ -464,12 +464,10 @@ class ArrowFolder:
 
     def list_names(self, sub: str = "") -> list[str]:
         where = f"{self.path}/{sub}" if sub else self.path
-        if self.fsspec is not None:
-            try:  # one listing, fresh (s3fs keeps listings in a cache another process makes stale)
-                entries = self.fsspec.ls(where, detail=True, refresh=True)
-            except FileNotFoundError:
-                return []
-            found = (str(e["name"]).rstrip("/") for e in entries)
+        if self.fsspec is not None:  # one listing, fresh (`objectstore.list_folder`)
+            from pyspark_rmqs.runs.outputs.objectstore import list_folder
+
+            found = (str(e["name"]).rstrip("/") for e in list_folder(self.fsspec, where))
             return [n.rpartition("/")[2] for n in found if n != where.rstrip("/")]
         from pyarrow import fs as pafs
 

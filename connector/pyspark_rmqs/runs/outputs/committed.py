@@ -53,7 +53,16 @@ def committed_files(
 
 
 def _committed(where: Location) -> list[str]:
-    return sorted(set(_rmqs_files(where)) | set(_spark_files(where)))
+    """Both kinds of commit, looked up at once where the folder is remote (each a round trip or
+    more: the Spark log's listing costs no time beside the commit index's reads)."""
+    if where.local:
+        return sorted(set(_rmqs_files(where)) | set(_spark_files(where)))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmqs-spark-log") as pool:
+        spark = pool.submit(_spark_files, where)
+        rmqs = _rmqs_files(where)
+        return sorted(set(rmqs) | set(spark.result()))
 
 
 def committed_dataset(
@@ -98,11 +107,8 @@ def _rmqs_files(where: Location) -> list[str]:
 
 def _spark_files(where: Location) -> list[str]:
     """The files Spark's file sink log under `where` holds after its last batch (none without a log)."""
-    from pyarrow import fs as pafs
-
-    log = where.path(SPARK_LOG)
-    selector = pafs.FileSelector(log, allow_not_found=True)
-    names = {i.base_name for i in where.fs.get_file_info(selector) if i.type == pafs.FileType.File}
+    log = commit_index.ArrowFolder(where.fs, where.path(SPARK_LOG))  # one LIST, one GET a file
+    names = set(log.list_names())
     batches = [int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit() and not n.endswith(".tmp")]
     if not batches:
         return []
@@ -111,16 +117,18 @@ def _spark_files(where: Location) -> list[str]:
     base = max((c for c in compacts if c <= last), default=-1)
     state: dict[str, None] = {}
     if base >= 0:
-        _apply(state, _read_text(where, f"{log}/{base}.compact"))
+        _apply(state, _read_text(log, f"{base}.compact"))
     for batch in range(base + 1, last + 1):
         if str(batch) in names:
-            _apply(state, _read_text(where, f"{log}/{batch}"))
+            _apply(state, _read_text(log, str(batch)))
     return [p for p in (_fs_path(where, uri) for uri in state) if p is not None]
 
 
-def _read_text(where: Location, path: str) -> str:
-    with where.fs.open_input_stream(path) as f:
-        return bytes(f.read()).decode()
+def _read_text(log: commit_index.ArrowFolder, name: str) -> str:
+    body = log.read_bytes(name)
+    if body is None:  # listed, then gone: not an empty batch
+        raise FileNotFoundError(f"{log.path}/{name}")
+    return body.decode()
 
 
 def _apply(state: dict[str, None], text: str) -> None:

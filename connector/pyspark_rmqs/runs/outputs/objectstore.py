@@ -73,6 +73,24 @@ def fsspec_of(fs: Any) -> Any:
     return None
 
 
+def list_folder(inner: Any, path: str) -> list[dict[str, Any]]:
+    """The entries directly in `path` of the fsspec file system `inner` (files and folders, as
+    fsspec's detailed listing gives them; [] when absent), fresh: one listing request.
+
+    Not `ls`: s3fs's `ls` of an empty or absent prefix lists its parent next, to tell an object
+    of that name from nothing (the parent of `_spark_metadata/` is the output: every file of it,
+    a request per 1,000), and caches listings another process makes stale. s3fs's own one-prefix
+    listing (`_lsdir`) is that one request; other file systems are listed by `ls`."""
+    try:
+        if hasattr(inner, "_lsdir") and getattr(inner, "async_impl", False):
+            from fsspec.asyn import sync
+
+            return list(sync(inner.loop, inner._lsdir, path.rstrip("/"), refresh=True))
+        return list(inner.ls(path, detail=True, refresh=True))
+    except FileNotFoundError:
+        return []
+
+
 def move_file(fs: Any, src: str, dst: str) -> None:
     """`src` to `dst` on `fs`: a rename where the file system has one, else a copy, then the
     delete (never absent from both). Through fsspec, `cp_file` and `rm_file`: fsspec's `mv`, which
@@ -173,7 +191,36 @@ def _fsspec(scheme: str, storage_options: Mapping[str, Any]) -> Any:
             f"storage_options for '{scheme}://': {impl.__name__} does not take {bad or 'these options'}; "
             f"given: {sorted(storage_options)}"
         ) from None
+    _share_botocore_data(fs)
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+_loaders: dict[Any, Any] = {}  # botocore's data loaders, per data path: read-only once loaded
+
+
+def _share_botocore_data(fs: Any) -> None:
+    """Give a fresh s3fs instance a botocore session whose data loader (the S3 API's model and
+    endpoint rules, JSON botocore parses per session) is shared with the earlier ones.
+
+    An s3fs instance makes its own session, and its first request creates the client from it: 100
+    to 400 ms of parsing on a busy 2-core machine, paid by every `locate` (each run, each
+    `committed_files`), more than all of the call's requests on a loopback store. The session
+    itself stays new, so credentials are resolved afresh (a rotation is seen), as before; only
+    the parsed API data, the same for every session, is reused."""
+    if type(fs).__module__.partition(".")[0] != "s3fs" or getattr(fs, "session", True) is not None:
+        return  # not s3fs, or a session the caller gave
+    try:
+        from aiobotocore.session import AioSession
+        from botocore.loaders import create_loader
+    except ImportError:  # pragma: no cover - s3fs depends on both
+        return
+    session = AioSession(**getattr(fs, "kwargs", {}))
+    path = session.get_config_variable("data_path")
+    loader = _loaders.get(path)
+    if loader is None:
+        loader = _loaders.setdefault(path, create_loader(path))
+    session.register_component("data_loader", loader)
+    fs.session = session
 
 
 def _shown(uri: str) -> str:
