@@ -115,9 +115,19 @@ tokens = st.builds(
     ),
     st.dictionaries(st.sampled_from(STREAMS), st.sampled_from((0, 5, 9))),
 )
-# A compaction's steps: its files object written, its spans object written, the spans object and
-# the files object of the index it read deleted, its records moved.
-KILLS = (("write_bytes", 1), ("write_bytes", 2), ("delete", 1), ("delete", 2), ("move", 1), ("move", 2))
+# A compaction's steps: its files object written, its spans object written, the files objects a
+# kill left behind deleted, the spans objects and the files objects of the indexes it read deleted,
+# its records moved.
+KILLS = (
+    ("write_bytes", 1),
+    ("write_bytes", 2),
+    ("delete", 1),
+    ("delete", 2),
+    ("delete", 3),
+    ("delete", 4),
+    ("move", 1),
+    ("move", 2),
+)
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("commit"), tokens),
@@ -147,10 +157,11 @@ def test_the_index_answers_as_every_commit_made(
     tmp_path_factory: Any, history: list[Any], probe: RunToken
 ) -> None:
     every, commit_index.COMPACT_EVERY = commit_index.COMPACT_EVERY, EVERY
+    grace, commit_index.ORPHAN_GRACE_S = commit_index.ORPHAN_GRACE_S, 0.0  # nothing runs beside
     try:
         _run_history(tmp_path_factory.mktemp("out"), history, probe)
     finally:
-        commit_index.COMPACT_EVERY = every
+        commit_index.COMPACT_EVERY, commit_index.ORPHAN_GRACE_S = every, grace
 
 
 def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
@@ -159,6 +170,9 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
     expired: set[str] = set()
     old_index: dict[Path, bytes] = {}  # the first index seen (its spans and files objects)
     where = root / COMMITS
+    # Files objects left without their spans object that no index names: a compaction killed
+    # between its two writes, or named by a spans object damaged since (`sweep` deletes them)
+    unnamed: set[str] = set()
 
     def commit(token: RunToken, compacts: bool = True) -> None:
         if commits.record(token) is None and token.value not in expired:  # as runs do
@@ -170,6 +184,7 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             made[token.value] = token
 
     for op, arg in history:
+        spans_before = set(where.glob(f"{commit_index.INDEX_PREFIX}*.json"))
         if op in ("commit", "commit_no_compaction"):
             commit(arg, compacts=op == "commit")
         elif op == "killed_compaction":
@@ -195,6 +210,7 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(body)
         elif op == "garbage_index" and (spans := sorted(where.glob(f"{commit_index.INDEX_PREFIX}*"))):
+            unnamed |= {commit_index.files_name(n) for n in commit_index._replaced(spans[0].read_bytes())}
             spans[0].write_text('{"version": 3, "spans": [')
         elif op == "garbage_files" and (lists := sorted(where.glob(f"{commit_index.FILES_DIR}/*"))):
             lists[0].write_text('["rmqs_run=')
@@ -215,6 +231,32 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
         if not old_index:
             old_index = {p: p.read_bytes() for p in _index_objects(where)}
         _check(root, commits, made, expired, probe, arg if isinstance(arg, RunToken) else None)
+        if op == "killed_compaction" and arg == ("write_bytes", 2):
+            unnamed |= _left_over(where)[1]  # its files object, written: its spans object not
+        left, nameless = _left_over(where)
+        assert nameless <= unnamed, (op, arg, nameless - unnamed)  # the others a compaction deletes
+        # A compaction completed (a run's, a racing one's, `compact_now`, `expire`'s): whatever an
+        # index named is gone
+        killed = op == "killed_compaction" or (op == "expire" and arg is not None)
+        if (
+            not killed
+            and op != "old_index_back"
+            and set(where.glob(f"{commit_index.INDEX_PREFIX}*.json")) - spans_before
+        ):
+            assert left <= unnamed, (op, left - unnamed)
+        if op == "expire" and arg is None:  # and what none named
+            assert left == set(), left
+
+
+def _left_over(where: Path) -> tuple[set[str], set[str]]:
+    """The files objects whose spans object is gone, and those of them no spans object names."""
+    spans = {p.name for p in where.glob(f"{commit_index.INDEX_PREFIX}*.json")}
+    files = {f"{commit_index.FILES_DIR}/{p.name}" for p in where.glob(f"{commit_index.FILES_DIR}/*.json")}
+    left = {f for f in files if f"{commit_index.INDEX_PREFIX}{f.partition('/')[2]}" not in spans}
+    named = {
+        commit_index.files_name(n) for s in spans for n in commit_index._replaced((where / s).read_bytes())
+    }
+    return left, left - named
 
 
 def _index_objects(folder: Path) -> list[Path]:
@@ -363,6 +405,38 @@ def test_expire_keeps_what_a_late_retry_and_a_reader_need(tmp_path: Path) -> Non
     new = RunToken("c", {"s": (400, 410)})
     commits.commit(new, [_file(new)], 10, 1)
     assert commit_index.expire(commits, 3600).kept == 1 and commits.record(new) is not None
+
+
+def test_files_objects_a_killed_compaction_leaves_are_deleted_by_the_next_compaction_or_expire(
+    tmp_path: Path,
+) -> None:
+    """Killed between deleting the spans object of the index it read and that index's files object,
+    a compaction leaves a files object no listing shows; its own index names it, and the next
+    compaction deletes it. Killed between its own two writes, it leaves one no index names:
+    `expire`'s sweep deletes it once older than the grace (a compaction between its writes looks
+    the same, for milliseconds)."""
+    commits = FileCommits(str(tmp_path))
+    where = tmp_path / COMMITS
+    runs = [RunToken("c", {"s": (i * 10, i * 10 + 10)}) for i in range(40)]
+    for t in runs[:16]:  # one index
+        commits.commit(t, [_file(t)], 10, 1)
+    commits.commit(runs[16], [_file(runs[16])], 10, 1)
+    with pytest.raises(Killed):  # after the old index's spans object is deleted
+        commit_index.compact(FaultyFolder(commits, "delete", 2), every=1)  # type: ignore[arg-type]
+    left, nameless = _left_over(where)
+    assert len(left) == 1 and nameless == set(), (left, nameless)
+    commits.commit(runs[17], [_file(runs[17])], 10, 1)
+    assert commit_index.compact(commits, every=1)
+    assert _left_over(where) == (set(), set())
+    commits.commit(runs[18], [_file(runs[18])], 10, 1)
+    with pytest.raises(Killed):  # after its files object, before its spans object
+        commit_index.compact(FaultyFolder(commits, "write_bytes", 2), every=1)  # type: ignore[arg-type]
+    left, nameless = _left_over(where)
+    assert len(nameless) == 1 and left == nameless
+    assert commit_index.sweep(commits) == 0  # younger than the grace: as a compaction's in flight
+    assert commit_index.sweep(commits, now=time.time() + commit_index.ORPHAN_GRACE_S + 1) == 1
+    assert _left_over(where) == (set(), set())
+    assert committed_files(str(tmp_path)) == sorted(str(tmp_path / _file(t)) for t in runs[:19])
 
 
 def test_rmqs_commits_expire_on_a_folder(tmp_path: Path) -> None:

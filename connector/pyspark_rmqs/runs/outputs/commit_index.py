@@ -23,11 +23,14 @@ Crash safety, the order of a compaction (`compact`):
 
 1. read every index object (spans and files) and every listed record (a record listed but gone was
    archived by a concurrent compaction meanwhile: it is read from the archive);
-2. write their union: the files object, then the spans object naming the same id, each whole or
-   not at all (a rename, or one object PUT). An index is listed by its spans object only, so it is
-   never seen without its files;
-3. delete the index objects it read (the new one holds everything they held): the spans object
-   first, then its files object (a kill in between leaves an unlisted files object, never read);
+2. write their union: the files object, then the spans object naming the same id (and the spans
+   objects it replaces: those it read), each whole or not at all (a rename, or one object PUT). An
+   index is listed by its spans object only, so it is never seen without its files;
+3. delete the index objects it read (the new one holds everything they held): first the files
+   objects of the indexes *they* replaced, where a kill left them (their spans objects no longer
+   listed), then the spans objects, then their files objects (a kill in between leaves files
+   objects that no listing shows and no read reads, named by the new index: the next compaction
+   deletes them);
 4. move the records it folded into `_archive/` (a rename; copy then delete on an object store).
 
 So a token is always in a listed record or in an index present, and a read unions every index it
@@ -55,7 +58,8 @@ A late retry of an archived run finds its record in `_archive/` (`delivery`'s `r
 into one `_expired-<id>.json` snapshot in the archive (spans and files, written before the records
 are deleted) and deleted. The index keeps their spans and files, so readers still list their files
 and a late retry of an expired run, whose record is gone, finds its whole range committed
-(`committed_spans`) and writes nothing again.
+(`committed_spans`) and writes nothing again. It also deletes the files objects no index lists
+that are older than an hour (`sweep`: a compaction killed between its two writes left them).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ COMPACT_EVERY = 16  # records in the listed folder before a run folds them in
 VERSION = 3  # an index's spans object
 SNAPSHOT_VERSION = 2  # an expired snapshot (and an index of the previous version): spans, then files
 _NO_CONSUMER = "\u0000"  # a record without a consumer name (an index key must be a string)
+ORPHAN_GRACE_S = 3600.0  # `sweep`: a files object without its spans object this much older is left over
 _RELISTS = 5  # an index object gone between listing and read: list again (then read the archive)
 
 Spans = dict[str, dict[str, dict[str, list[list[int]]]]]  # consumer -> stream -> incarnation -> spans
@@ -143,6 +148,9 @@ class Snapshot:
     unindexed: int = 0  # records read raw (listed records, or the archive when no index answered)
     listed: list[str] = field(default_factory=list)  # the listed record names (compaction folds these)
     with_files: bool = True  # False: an index's files object was not read (a run's snapshot)
+    # The spans objects the listed indexes say they replaced (`compact`: their files objects may be
+    # left behind by a kill, and are deleted by the next compaction)
+    replaced: list[str] = field(default_factory=list)
     _files: dict[str, None] = field(default_factory=dict)
     _unparsed: list[bytes] = field(default_factory=list)  # file lists, parsed on demand
 
@@ -186,9 +194,14 @@ class Snapshot:
                     if merged:  # merged: a history of runs is one span
                         mine[key] = merged
 
-    def head_bytes(self) -> bytes:
-        """An index's spans object: one line, all a run reads."""
-        return _dumps({"version": VERSION, "runs": self.runs, "spans": self.spans}) + b"\n"
+    def head_bytes(self, replaced: Iterable[str] = ()) -> bytes:
+        """An index's spans object: one line, all a run reads. `replaced`: the spans objects of the
+        indexes it replaces (read by the compaction writing it; readers of earlier versions ignore
+        the key)."""
+        head: dict[str, Any] = {"version": VERSION, "runs": self.runs, "spans": self.spans}
+        if replaced:
+            head["replaced"] = sorted(replaced)
+        return _dumps(head) + b"\n"
 
     def files_bytes(self) -> bytes:
         """An index's files object: the list of files."""
@@ -282,6 +295,9 @@ def _snapshot(folder: RecordFolder, files: bool) -> tuple[Snapshot, list[str], l
     if snap is None:  # no index, or a damaged one: the archive answers
         snap = _archive(folder)
     snap.listed = listed
+    snap.replaced = sorted(
+        {r for n in indexes if n.startswith(INDEX_PREFIX) for r in _replaced(bodies.get(n))}
+    )
     folded = []
     for name, record in zip(listed, records, strict=True):
         if record is not None:
@@ -289,6 +305,16 @@ def _snapshot(folder: RecordFolder, files: bool) -> tuple[Snapshot, list[str], l
             snap.unindexed += 1
             folded.append(name)
     return snap, indexes, folded
+
+
+def _replaced(body: bytes | None) -> list[str]:
+    """The spans objects an index's spans object says it replaced ([] when it names none, or
+    cannot be parsed: what it named is then left for `sweep`)."""
+    head = _json((body or b"").partition(b"\n")[0])
+    names = head.get("replaced") if head is not None else None
+    if not isinstance(names, list):
+        return []
+    return [str(n) for n in names if str(n).startswith(INDEX_PREFIX) and "/" not in str(n)]
 
 
 def _read_any(folder: RecordFolder, name: str) -> Any:
@@ -349,11 +375,17 @@ def compact(folder: RecordFolder, *, every: int | None = None, listed: int | Non
     if len(snap.listed) < every:
         return False
     new = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-    # 2. the files first, then the spans object that lists the index: each whole or not at all
+    read = [n for n in indexes if n.startswith(INDEX_PREFIX)]
+    # 2. the files first, then the spans object that lists the index (naming the spans objects it
+    # replaces): each whole or not at all
     folder.write_bytes(f"{FILES_DIR}/{new}", snap.files_bytes())
-    folder.write_bytes(f"{INDEX_PREFIX}{new}", snap.head_bytes())
-    # 3. every object read is held by the new index: the spans objects (no longer listed), then
-    # their files objects
+    folder.write_bytes(f"{INDEX_PREFIX}{new}", snap.head_bytes(replaced=read))
+    # 3. every object read is held by the new index. First the files objects that the indexes read
+    # replaced and that a kill may have left (their spans objects are gone, not listed: never read
+    # again, and no other index names them), then the spans objects read (no longer listed), then
+    # their files objects (a kill in between leaves files objects the new index names)
+    left = [files_name(n) for n in snap.replaced if n not in indexes]
+    _read_all(folder, left, lambda f, n: f.delete(n))
     _read_all(folder, indexes, lambda f, n: f.delete(n))
     _read_all(
         folder, [files_name(n) for n in indexes if n.startswith(INDEX_PREFIX)], lambda f, n: f.delete(n)
@@ -371,6 +403,7 @@ class Expired:
     expired: int
     kept: int
     snapshot: str | None  # the `_expired-<id>.json` written (None when nothing expired)
+    swept: int = 0  # left-over files objects deleted (`sweep`)
 
 
 def expire(
@@ -382,8 +415,10 @@ def expire(
     First every listed record is compacted (so an index holds all of them and the archive has
     them), then the old records and the earlier expired snapshots are folded into a new snapshot,
     written whole, and only then deleted: a kill leaves records beside a snapshot holding them."""
+    swept = 0
     if not dry_run:
         compact(folder, every=1)
+        swept = sweep(folder)
     cutoff = (time.time() if now is None else now) - older_than_s
     names = [n for n in folder.list_names(ARCHIVE_DIR) if n.endswith(".json")]
     paths = [f"{ARCHIVE_DIR}/{n}" for n in names]
@@ -406,12 +441,42 @@ def expire(
         gone.append(path)
     expired = sum(1 for p in gone if not p.rpartition("/")[2].startswith(EXPIRED))
     if expired == 0 or dry_run:
-        return Expired(expired, kept, None)
+        return Expired(expired, kept, None, swept)
     name = f"{ARCHIVE_DIR}/{EXPIRED}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
     folder.write_bytes(name, snap.to_bytes())
     for path in gone:
         folder.delete(path)
-    return Expired(expired, kept, name)
+    return Expired(expired, kept, name, swept)
+
+
+def sweep(folder: RecordFolder, *, grace_s: float | None = None, now: float | None = None) -> int:
+    """Delete the files objects no spans object lists, written more than `grace_s`
+    (`ORPHAN_GRACE_S`) ago; how many. `expire` runs it.
+
+    A compaction deletes the files objects of the indexes it replaced once their spans objects are
+    gone (`compact`, by the names its index holds); what no index names is the files object of a
+    compaction killed between its two writes, or of rmqs before the names were kept. Such an
+    object looks like a compaction's between its writes (milliseconds apart, its id the time of
+    the first), so only one older than the grace is deleted: no reader ever reads it."""
+    grace = ORPHAN_GRACE_S if grace_s is None else grace_s
+    before = (time.time() if now is None else now) - grace
+    listed = {n[len(INDEX_PREFIX) :] for n in folder.list_names() if n.startswith(INDEX_PREFIX)}
+    left = [
+        f"{FILES_DIR}/{n}"
+        for n in folder.list_names(FILES_DIR)
+        if n.endswith(".json") and n not in listed and _written_at(n) < before
+    ]
+    _read_all(folder, left, lambda f, n: f.delete(n))
+    return len(left)
+
+
+def _written_at(name: str) -> float:
+    """When an index with this id was written (its id starts with the time in ns; never for an
+    id that does not)."""
+    try:
+        return int(name.partition("-")[0]) / 1e9
+    except ValueError:
+        return float("inf")
 
 
 def _raw(folder: RecordFolder, name: str) -> bytes | None:
