@@ -53,6 +53,17 @@ def team(broker: BrokerSettings, streams: StreamFactory) -> tuple[str, str]:
     return f"^{prefix}-.*", s
 
 
+def _watermark_run(stream: str, got: list[pa.RecordBatch]) -> RabbitMQStreamConsumeOperator:
+    """Consumer `etl`'s watermark run of `stream` into `got`, as team A's connection."""
+    return RabbitMQStreamConsumeOperator(
+        task_id="c",
+        stream=stream,
+        consumer_name="etl",
+        apply_function=got.append,
+        rabbitmq_stream_conn_id="team_a",
+    )
+
+
 def test_watermark_run_with_only_its_streams_fails_for_good_naming_rmqs_runs(
     broker: BrokerSettings, team: tuple[str, str], conn_env: Any
 ) -> None:
@@ -60,13 +71,7 @@ def test_watermark_run_with_only_its_streams_fails_for_good_naming_rmqs_runs(
     with limited_user(broker, configure=own, write=own, read=own) as t:
         conn_env("team_a", t.uri)
         got: list[pa.RecordBatch] = []
-        op = RabbitMQStreamConsumeOperator(
-            task_id="c",
-            stream=s,
-            consumer_name="etl",
-            apply_function=got.append,
-            rabbitmq_stream_conn_id="team_a",
-        )
+        op = _watermark_run(s, got)
         text = refused(lambda: op.execute({}), "rmqs.runs", "read")
         assert "needs read and write on it" in text and t.password not in text
     assert got == [] and client(broker).stored_offset("etl", s) is None
@@ -79,13 +84,7 @@ def test_watermark_run_with_read_and_write_on_the_existing_rmqs_runs_delivers_ev
     with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
         conn_env("team_a", t.uri)
         got: list[pa.RecordBatch] = []
-        op = RabbitMQStreamConsumeOperator(
-            task_id="c",
-            stream=s,
-            consumer_name="etl",
-            apply_function=got.append,
-            rabbitmq_stream_conn_id="team_a",
-        )
+        op = _watermark_run(s, got)
         out = op.execute({})
         offsets = sorted(o for b in got for o in b["offset"].to_pylist())
         assert out["rows"] == 300 and out["watermark_stored"] is True and offsets == list(range(300))

@@ -519,22 +519,12 @@ def test_on_s3_a_run_makes_one_listing_and_reads_no_file_list(
     a read was a HEAD (and, for an absent record, a listing too) and the publish's move three
     listings and three HEADs; a listing's cost grows with the bucket on moto (it scans every key)."""
     import pyarrow as pa
-    import s3fs
 
     from pyspark_rmqs.runs.consume import ParquetSink
     from pyspark_rmqs.runs.outputs.delivery import StoreCommits
     from pyspark_rmqs.runs.outputs.objectstore import locate
 
-    calls: list[tuple[str, str]] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def counted(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(
-            (getattr(method, "__name__", str(method)), str(kwargs.get("Key") or kwargs.get("Prefix")))
-        )
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    calls = _counted_s3_calls(monkeypatch)
     out = f"s3://{s3.new_bucket('requests')}/orders"
     commits = StoreCommits(locate(out, storage_options=s3.storage_options()))
     for i in range(40):  # two compactions: one index, 8 records listed
@@ -567,21 +557,11 @@ def test_on_s3_committed_files_lists_twice_at_once_and_reads_the_index_and_log_w
     `_spark_metadata/` (in parallel), then GETs: no HEAD, and no listing of the output itself (s3fs's
     `ls` of an absent prefix lists its parent next: every file of the output, a request per 1,000;
     pyarrow's handler probed the log with a LIST, a HEAD and a LIST)."""
-    import s3fs
 
     from pyspark_rmqs.runs.outputs.delivery import StoreCommits
     from pyspark_rmqs.runs.outputs.objectstore import locate
 
-    calls: list[tuple[str, str]] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def counted(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(
-            (getattr(method, "__name__", str(method)), str(kwargs.get("Key") or kwargs.get("Prefix")))
-        )
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    calls = _counted_s3_calls(monkeypatch)
     bucket = s3.new_bucket("reader")
     out = f"s3://{bucket}/orders"
     commits = StoreCommits(locate(out, storage_options=s3.storage_options()))
@@ -624,3 +604,20 @@ def test_each_s3_file_system_has_its_own_session_and_shares_botocore_s_parsed_da
     assert a.session.get_component("data_loader") is b.session.get_component("data_loader")
     given = aiobotocore.session.AioSession()  # a session the caller gives stays theirs
     assert fsspec_of(locate("s3://b/o", storage_options={**options, "session": given}).fs).session is given
+
+
+def _counted_s3_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every S3 request s3fs makes from now on, as (method, key or prefix), in order."""
+    import s3fs
+
+    calls: list[tuple[str, str]] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counted(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(
+            (getattr(method, "__name__", str(method)), str(kwargs.get("Key") or kwargs.get("Prefix")))
+        )
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    return calls
