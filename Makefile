@@ -13,7 +13,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # is set (tests/conftest.py does the same for a pytest run by hand).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup prepare java warm test test-unit test-containers test-cluster test-spark-cluster cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock clean
+.PHONY: setup prepare java warm test test-unit test-containers test-cluster test-spark-cluster test-compat cluster-up cluster-down cluster-status soak lint broker-up broker-down broker-status restartable-broker-up demo bench docs dist lock lock-compat clean
 
 setup: java $(STAMP)
 
@@ -104,6 +104,17 @@ test-cluster: prepare
 test-spark-cluster: prepare
 	RMQS_TEST_SPARK_CLUSTER=1 $(PY) -m pytest -p no:cacheprovider -m spark_cluster tests/spark_cluster $(PYTEST_ARGS)
 
+# The compatibility tier (scripts/compat.py says which tests and why): the lowest and the highest
+# version of each declared range (PySpark, Airflow, Dagster), each in its own venv under
+# .venv-compat/ from its lock in requirements/compat/, one after the other, against the suite's
+# broker; a table of version x result at the end. Not part of `make test`. COMPAT_ARGS: end names.
+test-compat: setup broker-up
+	$(PY) scripts/compat.py $(COMPAT_ARGS)
+
+# Re-resolve the compatibility tier's locks (after `make lock`, or a range changed in pyproject.toml).
+lock-compat: setup
+	$(PY) scripts/compat.py lock
+
 cluster-up cluster-down cluster-status: setup
 	$(CLUSTER_ENV) $(PY) -m tests.cluster.support $(@:cluster-%=%)
 
@@ -176,7 +187,7 @@ lock:
 		--override requirements/overrides.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-compat .pytest_cache .mypy_cache .ruff_cache
 
 # The Debian 13 path of scripts/broker.sh (host mode), in a throwaway Debian trixie root built with
 # debootstrap (cached in /var/cache/rmqs-check-debian13); needs root. Not part of `make test`.

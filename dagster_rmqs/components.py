@@ -180,6 +180,8 @@ class RabbitMQStreamComponent(Component, Model, Resolvable):
             given["owners"] = list(given["owners"])
         if given.get("code_version") is not None:  # template rendering turns "3" into the number 3
             given["code_version"] = str(given["code_version"])
+        if given.get("tags") is not None:  # the same for a tag's "1" (Dagster 1.13 turns it back, 1.12 fails)
+            given["tags"] = {str(k): str(v) for k, v in dict(given["tags"]).items()}
         return given
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:

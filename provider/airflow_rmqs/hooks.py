@@ -9,10 +9,15 @@ imported and pyarrow only by `read_batches` and `publish`, so triggers and senso
 in the triggerer. The former names `tail`, `stored`, `store` (and `atail`, `astored`, `astore`) and
 the keyword `consumer=` still work, with a DeprecationWarning. The password lives in a `SecretStr`
 inside `ConnectionOptions`; only `spark_options()` reveals it, for handing to Spark.
+
+Airflow 3.2 has neither `amask_secret` nor `Connection.aextra_dejson` (both 3.3): there the
+triggerer's lookups run the synchronous calls in a worker thread, as Airflow's own hooks did before
+3.3, which keeps the event loop free (docs/compatibility.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import warnings
@@ -136,11 +141,27 @@ def _mask(secrets: list[str]) -> None:
 
 
 async def _amask(secrets: list[str]) -> None:
-    """`_mask` for an event loop: the sync variant can deadlock against the supervisor there."""
-    from airflow.sdk.log import amask_secret
+    """`_mask` for an event loop: the sync variant can deadlock against the supervisor there.
 
+    Airflow < 3.3 has no `amask_secret`: the sync variant then runs in a worker thread, off the loop.
+    """
+    try:
+        from airflow.sdk.log import amask_secret
+    except ImportError:  # Airflow 3.2
+        for secret in secrets:
+            await asyncio.to_thread(_mask, [secret])
+        return
     for secret in secrets:
         await amask_secret(secret)
+
+
+async def _aextra(conn: Any) -> dict[str, Any]:
+    """The connection's extra as a dict, without blocking the event loop (Airflow < 3.3: in a thread)."""
+    if not conn.extra:
+        return {}
+    if hasattr(conn, "aextra_dejson"):
+        return dict(await conn.aextra_dejson())
+    return dict(await asyncio.to_thread(lambda: conn.extra_dejson))
 
 
 class RabbitMQStreamHook(StreamsHandle, BaseHook):
@@ -174,7 +195,7 @@ class RabbitMQStreamHook(StreamsHandle, BaseHook):
         """`get_conn` for the triggerer's event loop (no blocking connection lookup)."""
         if self._options is None:
             conn = await self.aget_connection(self.rabbitmq_stream_conn_id)
-            extra = await conn.aextra_dejson() if conn.extra else {}
+            extra = await _aextra(conn)
             raw = connection_to_options(conn, extra)
             await _amask(secrets_in(raw))  # before parsing: a failed parse must not log them either
             self._options = parse_connection_options(raw)

@@ -20,6 +20,7 @@ from dagster import (
     load_from_defs_folder,
 )
 from dagster.components.testing import create_defs_folder_sandbox
+from dagster.version import __version__ as dagster_version
 
 from dagster_rmqs import RabbitMQStreamComponent, RabbitMQStreamsResource
 from tests.conftest import StreamFactory
@@ -28,6 +29,9 @@ from tests.support.data import publish
 
 pytestmark = pytest.mark.dagster
 ROOT = Path(__file__).resolve().parents[2]
+# Dagster 1.13 accepts a YAML number as a tag value; 1.12 (make test-compat's lowest end) wants a
+# string in the YAML, which its template rendering still turns into a number (rmqs turns it back).
+TIER = "1" if tuple(int(p) for p in dagster_version.split(".")[:2]) >= (1, 13) else '"1"'
 EXAMPLE = ROOT / "dagster_rmqs" / "examples" / "components_project"
 
 
@@ -89,14 +93,14 @@ def test_dagsters_asset_attributes_pass_through_from_yaml() -> None:
         asset_attributes:
           code_version: "3"
           owners: ["team:data", "ops@example.com"]
-          tags: {domain: orders, tier: 1}
+          tags: {domain: orders, tier: TIER}
           kinds: [rabbitmq, parquet, lakehouse]
           group_name: streams
           description: Orders as they arrive
           deps: [erp/customers]
           metadata: {runbook: "https://example.com/runbook"}
           freshness_policy: "{{ dg.FreshnessPolicy.time_window(fail_window=datetime.timedelta(hours=2)) }}"
-        """
+        """.replace("TIER", TIER)
     ) as (_, asset):
         spec = asset.specs_by_key[AssetKey("events")]
         assert spec.code_version == "3"  # templates render "3" as a number; Dagster wants a string

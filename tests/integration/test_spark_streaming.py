@@ -12,10 +12,22 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from pyspark_rmqs import lag_from_progress
+from pyspark_rmqs.spark.compat import ADMISSION_CONTROL
 from tests.support.broker import BrokerSettings
 from tests.support.data import client, publish, spark_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+# Read limits (maxRecordsPerTrigger, maxBytesPerTrigger) need PySpark 4.2's admission control; on
+# 4.1 (make test-compat) they fail with the error test_read_limits_name_the_spark_they_need checks.
+needs_admission_control = pytest.mark.skipif(
+    not ADMISSION_CONTROL, reason="read limits need PySpark 4.2+ (admission control)"
+)
+
+
+def limited(max_records: str) -> dict[str, str]:
+    """`maxRecordsPerTrigger` where the PySpark has admission control; none (one batch) before 4.2."""
+    return {"maxRecordsPerTrigger": max_records} if ADMISSION_CONTROL else {}
 
 
 def drain(spark: SparkSession, b: BrokerSettings, out: Path, ckpt: Path, **opts: str):  # type: ignore[no-untyped-def]
@@ -103,7 +115,8 @@ def test_available_now_stops_at_the_snapshot_while_producers_publish(
     t = threading.Thread(target=keep_publishing, daemon=True)
     t.start()
     try:
-        drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s, maxRecordsPerTrigger="400")
+        # Before PySpark 4.2, Spark's own AvailableNow wrapper fixes the end at the first latestOffset.
+        drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s, **limited("400"))
         tail_at_end = client(broker).tail(s)
         time.sleep(0.5)
         assert t.is_alive(), "the producer must still be publishing when the query has stopped"
@@ -116,6 +129,7 @@ def test_available_now_stops_at_the_snapshot_while_producers_publish(
     assert client(broker).tail(s) > len(got), "data published after the snapshot is left for the next run"
 
 
+@needs_admission_control
 def test_max_records_per_trigger_batch_sizes(
     spark: SparkSession,
     broker: BrokerSettings,
@@ -163,6 +177,7 @@ def test_resume_from_broker_stored_offset_without_checkpoint(
     assert client(broker).stored_offset("etl-orders", s) == 249
 
 
+@needs_admission_control
 @pytest.mark.parametrize(("tracking", "stored"), [("false", None), (None, 39)])
 def test_server_side_offset_tracking_false_stores_nothing(
     spark: SparkSession,
@@ -199,7 +214,7 @@ def test_super_stream_streaming_read(
     name, parts = streams.super_stream(2)
     for p in parts:
         publish(broker, p, [f"{p}:{i}".encode() for i in range(120)])
-    drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", superstream=name, maxRecordsPerTrigger="100")
+    drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", superstream=name, **limited("100"))
     got = output(spark, tmp_path / "out")
     for p in parts:
         assert [(o, v) for s, o, v in got if s == p] == [(i, f"{p}:{i}".encode()) for i in range(120)]
@@ -242,6 +257,7 @@ def test_deleted_partition_is_data_loss(
     assert len(got) == 65 and sum(1 for s, _, v in got if v == b"more") == 5
 
 
+@needs_admission_control
 def test_a_micro_batch_whose_sink_fails_is_not_committed_and_is_replayed_whole(
     spark: SparkSession, broker: BrokerSettings, streams, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -293,3 +309,26 @@ def test_a_micro_batch_whose_sink_fails_is_not_committed_and_is_replayed_whole(
     assert seen[2][1] == failed, "the replayed batch read other offsets than the failed one"
     committed = seen[0][1] + seen[2][1] + seen[3][1]
     assert committed == list(range(600))
+
+
+@pytest.mark.skipif(ADMISSION_CONTROL, reason="PySpark 4.2+ has admission control: tested above")
+@pytest.mark.parametrize("option", ["maxRecordsPerTrigger", "maxBytesPerTrigger"])
+def test_read_limits_name_the_spark_they_need(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    streams,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    option: str,
+) -> None:
+    """Before PySpark 4.2 a read limit cannot be honoured: the query fails naming the option and the
+    Spark it needs, instead of silently reading everything in one batch; nothing is written."""
+    import pyspark
+
+    s = streams.stream()
+    publish(broker, s, [b"x"] * 10)
+    with pytest.raises(Exception) as failed:
+        drain(spark, broker, tmp_path / "out", tmp_path / "ckpt", stream=s, **{option: "5"})
+    message = str(failed.value)
+    assert f"{option} needs Spark 4.2 or later" in message
+    assert f"this is PySpark {pyspark.__version__}" in message
+    assert not list((tmp_path / "out").glob("*.parquet")), "nothing is written"

@@ -11,7 +11,8 @@ from pyspark_rmqs.spark import compat
 
 def test_pyspark_planning_worker_keeps_the_pushdown_setting_in_the_local_rmqs_reads() -> None:
     module = importlib.import_module(compat.PLANNING_WORKER_MODULE)
-    func = getattr(module, compat.PLANNING_FUNCTION)
+    name = next((n for n in compat.PLANNING_FUNCTIONS if hasattr(module, n)), compat.PLANNING_FUNCTION)
+    func = getattr(module, name)
     tree = ast.parse(inspect.getsource(func))
     assigned = {
         t.id
@@ -21,7 +22,7 @@ def test_pyspark_planning_worker_keeps_the_pushdown_setting_in_the_local_rmqs_re
         if isinstance(t, ast.Name)
     }
     assert compat.PUSHDOWN_LOCAL in assigned, (
-        f"PySpark's {compat.PLANNING_WORKER_MODULE}.{compat.PLANNING_FUNCTION} no longer assigns "
+        f"PySpark's {compat.PLANNING_WORKER_MODULE}.{name} no longer assigns "
         f"'{compat.PUSHDOWN_LOCAL}': update pyspark_rmqs/spark/compat.py"
     )
 

@@ -16,13 +16,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 
 from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.positions import (
@@ -38,6 +31,15 @@ from pyspark_rmqs.core import offsets as off
 from pyspark_rmqs.core.errors import RmqsError, lost_message
 from pyspark_rmqs.options import SourceOptions
 from pyspark_rmqs.spark.common import RangePartition, read_partition, to_partitions
+from pyspark_rmqs.spark.compat import (
+    ADMISSION_CONTROL,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+    needs_admission_control,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,15 @@ class _Metadata:
 
 class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
+        if not ADMISSION_CONTROL:
+            if opts.max_records_per_trigger is not None:
+                raise needs_admission_control(opts.alias("max_records_per_trigger"))
+            if opts.max_bytes_per_trigger is not None:
+                raise needs_admission_control(opts.alias("max_bytes_per_trigger"))
         self.opts = opts
         self._meta: _Metadata | None = None
+        # PySpark < 4.2 calls latestOffset() without the batch's start: the last end returned.
+        self._last_end: dict[str, int] = {}
         self._snapshot: dict[str, int] | None = None
         self._avg_size = float(opts.estimated_message_size_bytes)
         self._commit_thread: threading.Thread | None = None
@@ -149,7 +158,16 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         # New partitions after the snapshot are not part of this run.
         return {s: min(t, self._snapshot[s]) for s, t in tails.items() if s in self._snapshot}
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, int]:
+        """The end of the next micro-batch. PySpark 4.2+ passes the batch's start and the read limit
+        (admission control); PySpark 4.0 and 4.1 pass neither: the start is then the last end this
+        reader returned (none after a restart: the tails), and every batch reads all available."""
+        if start is None:
+            start = self._last_end
+        if limit is None:
+            limit = ReadAllAvailable()
         start = self._recreated_from_first(self._without_lost_partitions(self._with_new_partitions(start)))
         targets = self._targets()
         starts = {s: start[s] for s in targets if s in start}
@@ -159,6 +177,7 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
             ends = off.apply_limit(starts, ends, max_rows)
         result = dict(start)
         result.update(ends)
+        self._last_end = dict(result)
         return result
 
     def _row_budget(self, limit: ReadLimit) -> int | None:
@@ -231,6 +250,10 @@ class RabbitMQStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         return dict(tails)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        if not ADMISSION_CONTROL:
+            # PySpark < 4.2 gave latestOffset no start (after a restart it knew none): the checks
+            # for deleted and re-created streams that it runs there on 4.2+ run here, on the real start.
+            start = self._recreated_from_first(self._without_lost_partitions(start))
         firsts, _ = self.meta.refresh()
         # A start past its end: the stream was re-created (reported by latestOffset); from its first.
         starts = {s: (v if v <= end[s] else firsts.get(s, 0)) for s, v in start.items() if s in end}

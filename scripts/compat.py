@@ -1,0 +1,237 @@
+"""`make test-compat`: each product's declared range tested at both ends, each end in a venv of its own.
+
+`make test` runs one version of everything (requirements/constraints.txt). A user's platform has
+another: Spark 4.0 on a managed runtime, an Airflow 3.1 deployment, last month's Dagster. This tier
+installs, for each of Spark, Airflow and Dagster, the lowest and the highest version of the range
+`pyproject.toml` declares, each in its own venv (`.venv-compat/<name>`) from a lock of its own
+(`requirements/compat/<name>.txt`, every other package resolved as `make lock` would), rmqs from
+this checkout (editable), and runs the tests that exercise that product's integration against the
+real broker (the suite's, `scripts/broker.sh`). Not the whole suite: the rest of rmqs does not
+change with these versions, and `make test` runs it.
+
+The subsets, and why (docs/compatibility.md has the same list):
+- Spark: the Data Source's batch reads (with pushdown), writes, and Structured Streaming reads and
+  writes (tests/integration/test_spark_{batch,sink,streaming}.py), and the PySpark internals rmqs
+  relies on (tests/unit/test_spark_compat.py). On Spark < 4.2 the streaming tests that need
+  admission control (`maxRecordsPerTrigger`, `maxBytesPerTrigger`) are skipped and
+  test_read_limits_name_the_spark_they_need checks the error those options get instead.
+- Airflow: the provider's registration, hook, triggers and sensors (deferred on a triggerer), the
+  DAGs run with `dag.test()`, operator arguments, lineage and the Spark-free operators
+  (tests/airflow/test_{provider,hook,triggers,sensors,dags,operator_args,lineage,without_spark}.py).
+- Dagster: assets, the component (`dg`), sensors, resources and definitions, partitions
+  (tests/dagster/test_{assets,component,sensors,resources_and_definitions,partitions}.py).
+
+Usage: `python scripts/compat.py [NAME...]` builds (when its lock changed) and tests the named
+ends (all by default), one venv at a time (2 cores), prints a table of version x result and exits
+non-zero when any end failed. `python scripts/compat.py lock [NAME...]` re-resolves the locks
+(after a range in pyproject.toml changes). `--build-only` stops after the venvs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKS = ROOT / "requirements" / "compat"
+VENVS = ROOT / ".venv-compat"
+EXTRAS = ["airflow", "dagster", "spark", "connect", "openlineage", "iceberg", "s3", "testing", "dev"]
+PYTHON_VERSION = "3.11"
+PLATFORM = "x86_64-manylinux_2_28"
+
+SPARK_TESTS = [
+    "tests/unit/test_spark_compat.py",
+    "tests/integration/test_spark_batch.py",
+    "tests/integration/test_spark_sink.py",
+    "tests/integration/test_spark_streaming.py",
+]
+AIRFLOW_TESTS = [
+    f"tests/airflow/test_{name}.py"
+    for name in (
+        "provider",
+        "hook",
+        "triggers",
+        "sensors",
+        "dags",
+        "operator_args",
+        "lineage",
+        "without_spark",
+    )
+]
+DAGSTER_TESTS = [
+    f"tests/dagster/test_{name}.py"
+    for name in ("assets", "component", "sensors", "resources_and_definitions", "partitions")
+]
+
+
+@dataclass(frozen=True)
+class End:
+    """One end of a declared range: the venv's name, the product and the pins its lock is resolved with."""
+
+    name: str
+    product: str
+    pins: tuple[str, ...]
+    tests: tuple[str, ...]
+
+    @property
+    def lock(self) -> Path:
+        return LOCKS / f"{self.name}.txt"
+
+    @property
+    def venv(self) -> Path:
+        return VENVS / self.name
+
+    @property
+    def version(self) -> str:
+        return self.pins[0].split("==", 1)[1]
+
+
+# Lowest and highest of each range in pyproject.toml (the highest: the newest release on PyPI when
+# the locks were made, 2026-12-06). dagster-dg-cli (a dev tool the tests use) pins dagster to its
+# own version and has no release past 1.13.27, so the Dagster end is 1.13.27 (1.13.29 is out).
+# docs/compatibility.md says why each lowest end is where it is.
+ENDS = [
+    End("spark-lowest", "PySpark", ("pyspark==4.1.0",), tuple(SPARK_TESTS)),
+    End("spark-highest", "PySpark", ("pyspark==4.3.0",), tuple(SPARK_TESTS)),
+    End("airflow-lowest", "Apache Airflow", ("apache-airflow==3.2.0",), tuple(AIRFLOW_TESTS)),
+    End("airflow-highest", "Apache Airflow", ("apache-airflow==3.3.2",), tuple(AIRFLOW_TESTS)),
+    End("dagster-lowest", "Dagster", ("dagster==1.12.15", "dagster-dg-cli==1.12.15"), tuple(DAGSTER_TESTS)),
+    End("dagster-highest", "Dagster", ("dagster==1.13.27", "dagster-dg-cli==1.13.27"), tuple(DAGSTER_TESTS)),
+]
+
+
+def uv() -> str:
+    found = ROOT / ".venv" / "bin" / "uv"
+    if found.exists():
+        return str(found)
+    which = shutil.which("uv")
+    if which is None:
+        sys.exit("compat: uv not found: run `make setup` first")
+    return which
+
+
+def lock(end: End) -> None:
+    """Resolve `end`'s lock: the dev install's extras with the product pinned (a constraint, so the
+    declared range must admit it), and requirements/overrides.txt as `make lock` uses it. It starts
+    from the suite's lock (requirements/constraints.txt), whose pins uv keeps where the product's
+    version allows: an end differs from what `make test` runs only by what its product needs."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "requirements" / "constraints.txt", end.lock)
+    pins = LOCKS / f"{end.name}.pins"
+    pins.write_text("".join(f"{p}\n" for p in end.pins))
+    cmd = [uv(), "pip", "compile", "pyproject.toml", *[a for e in EXTRAS for a in ("--extra", e)]]
+    cmd += ["-c", str(pins.relative_to(ROOT)), "--override", "requirements/overrides.txt"]
+    cmd += ["--python-version", PYTHON_VERSION, "--python-platform", PLATFORM, "-q", "-o"]
+    cmd += [str(end.lock.relative_to(ROOT))]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def _digest(end: End) -> str:
+    return hashlib.sha256(
+        end.lock.read_bytes() + (ROOT / "requirements/overrides.txt").read_bytes()
+    ).hexdigest()
+
+
+def build(end: End) -> float:
+    """The venv from the lock, rmqs editable from this checkout; nothing done when the lock is unchanged."""
+    stamp = end.venv / ".rmqs-compat"
+    if stamp.exists() and stamp.read_text() == _digest(end):
+        return 0.0
+    t0 = time.monotonic()
+    if end.venv.exists():
+        shutil.rmtree(end.venv)
+    subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(end.venv)], check=True)
+    py = str(end.venv / "bin" / "python")
+    subprocess.run([uv(), "pip", "sync", "-q", "--python", py, str(end.lock)], cwd=ROOT, check=True)
+    subprocess.run(
+        [uv(), "pip", "install", "-q", "--python", py, "--no-deps", "-e", "."], cwd=ROOT, check=True
+    )
+    if any(line.startswith("pyspark==") for line in end.lock.read_text().splitlines()):
+        # Spark's Python workers import the venv's compiled pyspark (tests/support/pyspark_zip.py).
+        subprocess.run([py, "-m", "tests.support.pyspark_zip"], cwd=ROOT, check=True, capture_output=True)
+    stamp.write_text(_digest(end))
+    return time.monotonic() - t0
+
+
+def installed(end: End, package: str) -> str:
+    out = subprocess.run(
+        [
+            str(end.venv / "bin" / "python"),
+            "-c",
+            f"import importlib.metadata as m; print(m.version({package!r}))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() or "?"
+
+
+def run_tests(end: End, extra: list[str]) -> tuple[int, float]:
+    py = end.venv / "bin" / "python"
+    env = dict(os.environ)
+    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cmd = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "--dist", "loadgroup"]
+    cmd += [*end.tests, *extra]
+    print(f"compat: {end.name}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    return rc, time.monotonic() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("names", nargs="*", help="ends to run (default: all); `lock` first to re-resolve")
+    parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--pytest-args", default="", help="extra pytest arguments")
+    args = parser.parse_args()
+    names = list(args.names)
+    relock = bool(names) and names[0] == "lock"
+    if relock:
+        names = names[1:]
+    chosen = [e for e in ENDS if not names or e.name in names]
+    unknown = set(names) - {e.name for e in ENDS}
+    if unknown:
+        sys.exit(f"compat: unknown end(s) {sorted(unknown)}; known: {[e.name for e in ENDS]}")
+    if relock:
+        for end in chosen:
+            lock(end)
+            print(f"compat: locked {end.lock.relative_to(ROOT)}")
+        return 0
+    start = time.monotonic()
+    rows: list[tuple[str, str, str, str]] = []
+    failed = False
+    for end in chosen:
+        package = end.pins[0].split("==", 1)[0]
+        try:
+            took = build(end)
+        except subprocess.CalledProcessError as exc:
+            rows.append((end.product, end.name, end.version, f"failed: venv not built ({exc})"))
+            failed = True
+            continue
+        version = installed(end, package)
+        print(f"compat: {end.name}: {package} {version} (venv built in {took:.0f} s)", flush=True)
+        if args.build_only:
+            continue
+        rc, took = run_tests(end, args.pytest_args.split())
+        result = "passed" if rc == 0 else f"failed (pytest exit {rc})"
+        failed = failed or rc != 0
+        rows.append((end.product, end.name, version, f"{result} in {took:.0f} s"))
+    print(f"\ncompat: {len(rows)} ends in {time.monotonic() - start:.0f} s")
+    print("| product | end | version | result |\n|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
