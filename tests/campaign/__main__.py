@@ -67,6 +67,9 @@ def report(started: float, master: int, batches: list[int]) -> None:
         "produce",
         "sensor",
         "drain_refused",
+        "drain_killed",
+        "drain_sink_failing",
+        "spark_publish",
         "noop",
         "avoided",
         "disabled",
@@ -149,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     batches: list[int] = []
     failures = 0
     while time.monotonic() - started < args.seconds and (args.batches is None or len(batches) < args.batches):
-        batch = master if args.seed is not None and not batches else rng.randrange(2**32)
+        # Odd and even batch seeds alternate: `--outputs alternate` writes S3 in every other batch
+        # (CampaignConfig.for_batch reads the seed's parity, so a batch replays with its own choice).
+        drawn = rng.randrange(2**31) * 2 + (len(batches) + 1) % 2  # the first batch on S3
+        batch = master if args.seed is not None and not batches else drawn
         batches.append(batch)
         batch_config = config.for_batch(batch)
         machine = seed(batch)(campaign.machine_with(batch_config))

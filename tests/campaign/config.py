@@ -123,9 +123,9 @@ class CampaignConfig:
     # streams in use keep the in-suite budget's time steady; re-created streams and bound
     # partitions still start empty.
     initial_messages: int = 0
-    # Where the Airflow consume operator's exactly-once consumers write: "local" folders, "s3" (moto's
-    # server: object_store.py), or "alternate" (the runner: s3 for odd batch seeds, so a batch replays
-    # with its own choice).
+    # Where the Airflow consume operator's and the Dagster arrow asset's exactly-once consumers write:
+    # "local" folders, "s3" (moto's server: object_store.py), or "alternate" (the runner: s3 for odd
+    # batch seeds, so a batch replays with its own choice).
     outputs: str = "local"
     broker: str = "shared"
 
