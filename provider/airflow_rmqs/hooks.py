@@ -148,8 +148,7 @@ async def _amask(secrets: list[str]) -> None:
     try:
         from airflow.sdk.log import amask_secret
     except ImportError:  # Airflow 3.2
-        for secret in secrets:
-            await asyncio.to_thread(_mask, [secret])
+        await asyncio.to_thread(_mask, secrets)
         return
     for secret in secrets:
         await amask_secret(secret)

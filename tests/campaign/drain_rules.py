@@ -139,6 +139,13 @@ def execute_drain(
     return attempt
 
 
+def _blame(attempt: Attempt, fault: type[Exception]) -> None:
+    """An untyped failure of a try the rule faulted is the fault's: re-wrapped as `fault` (invariant
+    d then excuses it as injected); an rmqs error stays as it is."""
+    if attempt.error is not None and not is_typed(attempt.error):
+        attempt.error = fault(f"{type(attempt.error).__name__}: {attempt.error}"[:2000])
+
+
 class DrainRules(SparkRules):
     """`drain` (see the module docstring); the drain consumer's tries and output."""
 
@@ -160,12 +167,9 @@ class DrainRules(SparkRules):
     def drain_killed(self, to: str) -> None:
         """A drain of `to` whose Spark Python workers reading the broker are killed mid-read; then
         its retry, as Airflow's (a failure that is not rmqs's own is the kill's: invariant d)."""
-        if not self._step("drain_killed"):
+        p = self._faulted_drain("drain_killed", to)
+        if p is None:
             return
-        spark_environment()
-        p = self.model.pipelines[f"c7@{to}"]
-        if not self.model.target_exists(p.target) or not self._may_run(p):
-            return self._skip("drain-killed-not-applicable")
         self._publish(p.target, KILL_MESSAGES)
         with WorkerKiller() as killer:
             attempt = self._attempt(p, Hooks())
@@ -175,8 +179,8 @@ class DrainRules(SparkRules):
         # Airflow's retries: Spark hands a task a pooled worker the kill left dead once more (local
         # mode retries no task), so a try after the kill may fail the same untyped way.
         for _ in range(RETRIES):
-            if killer.killed and attempt.error is not None and not is_typed(attempt.error):
-                attempt.error = WorkerKilled(f"{type(attempt.error).__name__}: {attempt.error}"[:2000])
+            if killer.killed:
+                _blame(attempt, WorkerKilled)
             self._settle(p, attempt, WorkerKilled if killer.killed else None)
             if attempt.ok:
                 return
@@ -193,28 +197,41 @@ class DrainRules(SparkRules):
         fails to write it, so the drain fails (the failure is the fault's: invariant d). Then
         Airflow's retry, the folder writable again, goes on from the checkpoint: every message
         once, nothing past the failed batch stored as the watermark before it was written."""
-        if not self._step("drain_sink_failing"):
+        p = self._faulted_drain("drain_sink_failing", to)
+        if p is None:
             return
-        spark_environment()
-        p = self.model.pipelines[f"c7@{to}"]
-        if not self.model.target_exists(p.target) or not self._may_run(p):
-            return self._skip("drain-sink-failing-not-applicable")
         self._publish(p.target, n)
-        name = p.key.replace("@", "-at-")
-        output = self.tmp / f"{name}-output-{self._drain_generation(p.key)[1]}"
+        output = self._drain_folders(p)[1]
         output.mkdir(exist_ok=True)
         with read_only(output) as mounted:
             if not mounted:
                 return self._skip("drain-sink-failing-no-mount")
             attempt = self._attempt(p, Hooks())
         STATS[f"drain_sink_failing:{attempt.label}"] += 1
-        if attempt.error is not None and not is_typed(attempt.error):
-            attempt.error = SinkFailure(f"{type(attempt.error).__name__}: {attempt.error}"[:2000])
+        _blame(attempt, SinkFailure)
         self._settle(p, attempt, SinkFailure)
         if not attempt.ok:
             retry = self._attempt(p, Hooks())
             STATS[f"drain_sink_failing:retry:{retry.label}"] += 1
             self._settle(p, retry, None)
+
+    def _faulted_drain(self, rule: str, to: str) -> PipelineModel | None:
+        """The drain consumer of `to` for a fault rule (`rule`), Spark's environment set; None (the
+        step counted as a no-op) where the rule is off or the target cannot be drained now."""
+        if not self._step(rule):
+            return None
+        spark_environment()
+        p = self.model.pipelines[f"c7@{to}"]
+        if not self.model.target_exists(p.target) or not self._may_run(p):
+            self._skip(f"{rule.replace('_', '-')}-not-applicable")
+            return None
+        return p
+
+    def _drain_folders(self, p: PipelineModel) -> tuple[Path, Path]:
+        """The checkpoint and the output folder of `p`'s current generations."""
+        name = p.key.replace("@", "-at-")
+        cp, out = self._drain_generation(p.key)
+        return self.tmp / f"{name}-checkpoint-{cp}", self.tmp / f"{name}-output-{out}"
 
     def _drain_generation(self, key: str) -> list[int]:
         """[checkpoint, output] generation numbers of `key` (a user's new checkpoint, new folder)."""
@@ -227,14 +244,13 @@ class DrainRules(SparkRules):
         assert crash is None and hooks.fail_after is None and hooks.late is None, "drains take no faults"
         strict = kw.pop("fail_on_data_loss", True)
         assert not kw, f"a drain runs from its checkpoint only: {kw}"
-        name = p.key.replace("@", "-at-")
         for _ in range(2):
-            cp, out = self._drain_generation(p.key)
+            checkpoint, output = self._drain_folders(p)
             attempt = execute_drain(
                 self._target(p),
                 p,
-                checkpoint=self.tmp / f"{name}-checkpoint-{cp}",
-                output=self.tmp / f"{name}-output-{out}",
+                checkpoint=checkpoint,
+                output=output,
                 started_seq=self.model.seq,
                 fail_on_data_loss=strict,
             )

@@ -400,16 +400,13 @@ class RangeReader:
                 initial_credit=bridge.initial_credits,
                 properties=props or None,
             )
-        except rx.StreamDoesNotExist as e:
+        except (rx.StreamDoesNotExist, rx.AccessRefused) as e:  # the connection is sound: kept
             client.deliver_sinks.pop(sub, None)
             client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
             get_pool().release(self.conn, client)
+            if isinstance(e, rx.AccessRefused):
+                raise access_refused(self.conn, self.stream, "read") from e
             raise StreamNotFoundError(f"stream '{self.stream}' does not exist") from e
-        except rx.AccessRefused as e:
-            client.deliver_sinks.pop(sub, None)
-            client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
-            get_pool().release(self.conn, client)
-            raise access_refused(self.conn, self.stream, "read") from e
         except BaseException:
             client.deliver_sinks.pop(sub, None)
             client.remove_handler(schema.MetadataUpdate, f"rmqs-read-{sub}")
