@@ -154,8 +154,9 @@ bench: prepare
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read
 	RMQS_SPARK_CLASS_ARCHIVE=$(abspath $(JVM_ARCHIVE)) $(PY) -m bench.airflow_read --messages 1000000 --rounds 2
 	$(PY) -m bench.airflow_read --no-archive --rounds 1
-	$(PY) -m bench.warm_spark --breakdown --warmup 12 --kinds connect,consume,spark-floor,dagster-connect,dagster-arrow
+	$(PY) -m bench.warm_spark --warmup 12 --kinds connect,consume,spark-floor,dagster-connect,dagster-arrow
 	$(PY) -m bench.warm_spark --messages 1000000 --warmup 6 --kinds connect,consume,spark-floor
+	$(PY) -m bench.warm_spark --warmup 12 --rounds 1 --breakdown --kinds connect,spark-floor,dagster-connect
 	$(PY) -m bench.spark_write
 	$(PY) -m bench.exactly_once
 	$(PY) -m bench.history

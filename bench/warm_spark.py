@@ -13,8 +13,9 @@ Parquet folder, exactly-once:
 - `consume`: `RabbitMQStreamConsumeOperator` (no Spark: Arrow batches to Parquet);
 - `dagster-connect`: `build_stream_asset(engine="spark")` with a `SparkSessionResource(remote=...)`;
 - `dagster-arrow`: `build_stream_asset(engine="arrow")`;
-- `spark-floor` (only with `--kinds`): no rmqs, Spark's own job writing as many rows of the same
-  shape into Parquet on the same server session (`spark.range`): the floor of any Spark write there.
+- `spark-floor` (only with `--kinds`): no rmqs, the least any Spark Connect task does: open the
+  same server-side session, then Spark's own job writing as many rows of the same shape into
+  Parquet (`spark.range`). Its ratio to `consume` bounds from below what a Spark task can reach here.
 
 Each line gives `execute` (the operator's `execute()`, the asset's materialization) and the whole
 process (Python's start, the imports, the task), medians over the rounds, and the ratio of each
@@ -43,171 +44,21 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 from bench.common import REPO, connection, fill_batches, temp_super_stream
+from bench.warm_task import PARTITIONS, SPARK_KINDS
 from tests.support.connect_server import python_descendants
 
-PARTITIONS = 3
-SPARK_KINDS = {"connect": "consume", "dagster-connect": "dagster-arrow", "spark-floor": "consume"}
 KINDS = ("connect", "consume", "dagster-connect", "dagster-arrow")  # and `spark-floor` when asked
-
-# Where a Spark task's `execute` goes: (module, attribute, label). Patched in the task's process
-# only (the bench's child), where the code looks the names up.
-PHASES = (
-    ("airflow_rmqs.operators", "connect_session", "session"),
-    ("dagster_rmqs.resources.SparkSessionResource", "get_session", "session"),
-    ("pyspark_rmqs.jobs", "plan_read", "plan (lease, record)"),
-    ("pyspark_rmqs.runs.spark_io", "read_dataframe", "dataframe (source resolved, schema)"),
-    ("pyspark_rmqs.runs.spark_io.FileOutput", "write_to", "spark action (read + write)"),
-    ("pyspark_rmqs.runs.outputs.delivery.FileCommits", "publish", "publish"),
-    ("pyspark_rmqs.runs.outputs.delivery.FileCommits", "commit", "commit record"),
-    ("pyspark_rmqs.runs.steps", "store_watermarks_checked", "watermark store"),
-    ("pyspark_rmqs.runs.record", "advance", "record writes"),
-    ("pyspark_rmqs.runs.steps", "watermarks", "lag"),
-)
-
-
-def _patch_phases(spent: dict[str, float]) -> None:
-    """Wrap each PHASES function so its wall time adds up in `spent` (nested calls count once)."""
-    import importlib
-
-    for target, attr, label in PHASES:
-        module_name, _, cls = target.rpartition(".")
-        try:
-            owner: Any = importlib.import_module(target)
-        except ImportError:
-            try:
-                owner = getattr(importlib.import_module(module_name), cls)
-            except (ImportError, AttributeError):
-                continue
-        fn = getattr(owner, attr, None)
-        if fn is None:
-            continue
-        setattr(owner, attr, _timed(fn, label, spent))
-
-
-def _timed(fn: Callable[..., Any], label: str, spent: dict[str, float]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
-
-    return wrapper
-
-
-def _child(kind: str, superstream: str, out: str, uri: str, consumer: str, remote: str) -> None:
-    """In a new process: one task's `execute()` (or one asset materialization); print JSON."""
-    started = time.perf_counter()
-    os.environ["AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT"] = uri
-    address, _, token = remote.partition("/;token=")
-    host, _, port = address.rpartition(":")
-    spark_conn = {"conn_type": "spark", "host": host, "port": int(port), "password": token}
-    os.environ["AIRFLOW_CONN_SPARK_WARM"] = json.dumps(spark_conn)
-    spent: dict[str, float] = {}
-    if kind in ("connect", "consume"):
-        run = _airflow_task(kind, superstream, out, consumer)
-    elif kind == "spark-floor":
-        run = _spark_floor(superstream, out, remote)
-    else:
-        run = _dagster_asset(kind, superstream, out, consumer, uri, remote)
-    imported = time.perf_counter() - started
-    if kind in SPARK_KINDS:
-        _patch_phases(spent)
-    t0 = time.perf_counter()
-    rows = run()
-    seconds = time.perf_counter() - t0
-    result = {"imports_s": imported, "execute_s": seconds, "rows": rows, "phases": spent}
-    result["ended"] = time.time()
-    print("bench-result " + json.dumps(result), flush=True)
-
-
-def _airflow_task(kind: str, superstream: str, out: str, consumer: str) -> Callable[[], int]:
-    if kind == "connect":
-        from airflow_rmqs.operators import RabbitMQStreamReadOperator
-
-        op: Any = RabbitMQStreamReadOperator(
-            task_id="bench_connect",
-            superstream=superstream,
-            consumer_name=consumer,
-            output_path=out,
-            metadata_fields="",
-            spark_conn_id="spark_warm",
-        )
-    else:
-        from airflow_rmqs.plain_operators import RabbitMQStreamConsumeOperator
-
-        op = RabbitMQStreamConsumeOperator(
-            task_id="bench_consume",
-            superstream=superstream,
-            consumer_name=consumer,
-            output_path=out,
-            metadata_fields="",
-        )
-    return lambda: int(op.execute({})["rows"])
-
-
-def _spark_floor(superstream: str, out: str, remote: str) -> Callable[[], int]:
-    """Spark's own job writing rows like the read's into Parquet on the same server session (the
-    Airflow task's: same URL, app and conf), no rmqs: `spark.range` made into `value` (100 bytes, as
-    the bench's bodies), `stream`, `offset`, `chunk_timestamp`. Timed: the write only."""
-    from pyspark.sql import functions as F
-
-    from pyspark_rmqs.runs.connect_sessions import connect
-
-    n = int(os.environ["BENCH_MESSAGES"])
-    spark = connect(remote, "rmqs", {}, new=True)
-
-    def run() -> int:
-        df = spark.range(n).select(
-            F.expr("cast(repeat('x', 100) as binary)").alias("value"),
-            F.concat(F.lit(superstream + "-"), (F.col("id") % PARTITIONS).cast("string")).alias("stream"),
-            F.col("id").alias("offset"),
-            F.current_timestamp().alias("chunk_timestamp"),
-        )
-        df.write.mode("overwrite").parquet(out)
-        return n
-
-    return run
-
-
-def _dagster_asset(
-    kind: str, superstream: str, out: str, consumer: str, uri: str, remote: str
-) -> Callable[[], int]:
-    from dagster import materialize
-
-    from dagster_rmqs import RabbitMQStreamsResource, SparkSessionResource, build_stream_asset
-
-    engine: Literal["spark", "arrow"] = "spark" if kind == "dagster-connect" else "arrow"
-    asset = build_stream_asset(
-        name="bench_" + kind.replace("-", "_"),
-        superstream=superstream,
-        consumer_name=consumer,
-        output_path=out,
-        engine=engine,
-        metadata_fields="",
-    )
-    resources: dict[str, Any] = {"rabbitmq": RabbitMQStreamsResource(uris=uri)}
-    if engine == "spark":
-        resources["spark"] = SparkSessionResource(remote=remote)
-
-    def run() -> int:
-        result = materialize([asset], resources=resources)
-        assert result.success
-        mats = result.asset_materializations_for_node(asset.op.name)
-        return int(str(mats[0].metadata["dagster/row_count"].value))
-
-    return run
 
 
 def _run(
-    kind: str, superstream: str, uri: str, remote: str, server_pid: int | None, n: int
+    kind: str, superstream: str, uri: str, remote: str, server_pid: int | None, n: int, breakdown: bool
 ) -> dict[str, Any]:
     consumer = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ)
@@ -224,9 +75,10 @@ def _run(
         watcher = threading.Thread(target=_watch, args=(server_pid, before, seen, stop), daemon=True)
         watcher.start()
         t0 = time.perf_counter()
-        child = ["--child", kind, superstream, f"{home}/out", uri, consumer, remote]
+        child = [kind, superstream, f"{home}/out", uri, consumer, remote]
+        child += ["--breakdown"] if breakdown else []
         proc = subprocess.run(
-            [sys.executable, "-m", "bench.warm_spark", *child],
+            [sys.executable, "-m", "bench.warm_task", *child],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -319,11 +171,7 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="print each Spark task's phases")
     ap.add_argument("--warmup", type=int, default=0, help="untimed Spark tasks on the fresh server first")
     ap.add_argument("--server-conf", action="append", default=[], help="key=value for the Connect server")
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child:
-        _child(*args.child)
-        return
     kinds = [k for k in args.kinds.split(",") if k]
     conn = connection()
     host, port = conn.endpoints[0]
@@ -340,11 +188,11 @@ def main() -> None:
         fill_batches(conn, per, n, 1_000)
         for w in range(args.warmup):  # past the JVM's warm-up (its JIT), not measured
             spark_kind = next((k for k in kinds if k in ("connect", "dagster-connect")), "connect")
-            got = _run(spark_kind, name, uri, remote, pid, n)
+            got = _run(spark_kind, name, uri, remote, pid, n, False)
             print(f"warm-up {w + 1} {spark_kind}: execute {got['execute_s']:.2f} s", flush=True)
         for r in range(args.rounds):
             for kind in kinds:
-                got = _run(kind, name, uri, remote, pid, n)
+                got = _run(kind, name, uri, remote, pid, n, args.breakdown)
                 assert got["rows"] == n, f"{kind}: read {got['rows']} of {n}"
                 runs[kind].append(got)
                 took = (
@@ -368,6 +216,13 @@ def main() -> None:
         k: {m: statistics.median(g[m] for g in v) for m in ("execute_s", "process_s")}
         for k, v in runs.items()
     }
+    if "connect" in med and "spark-floor" in med:
+        added = med["connect"]["execute_s"] - med["spark-floor"]["execute_s"]
+        print(
+            f"warm Spark Connect, {n:,} messages: the Airflow Spark task's execute over the floor "
+            f"(session + Spark's own write, no rmqs): {added:+.2f} s",
+            flush=True,
+        )
     for spark_kind, plain in SPARK_KINDS.items():
         if spark_kind in med and plain in med:
             s, p = med[spark_kind], med[plain]
@@ -376,8 +231,13 @@ def main() -> None:
                 f"warm Spark Connect{warm}, {n:,} messages into Parquet, medians of {args.rounds}: "
                 f"{spark_kind} "
                 f"execute {s['execute_s']:.2f} s / {plain} {p['execute_s']:.2f} s = "
-                f"{s['execute_s'] / p['execute_s']:.2f}x; process {s['process_s']:.2f} s / "
-                f"{p['process_s']:.2f} s = {s['process_s'] / p['process_s']:.2f}x",
+                f"{s['execute_s'] / p['execute_s']:.2f}x"
+                + (  # the floor's process imports no orchestrator: its process time compares nothing
+                    ""
+                    if spark_kind == "spark-floor"
+                    else f"; process {s['process_s']:.2f} s / {p['process_s']:.2f} s = "
+                    f"{s['process_s'] / p['process_s']:.2f}x"
+                ),
                 flush=True,
             )
 
