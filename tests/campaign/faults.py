@@ -4,7 +4,9 @@
 - A process dying at a chosen point after the sink (`Crash`, a BaseException nothing on the way
   catches), as tests/airflow/test_run_record.py kills a run inside `steps.store_watermarks_checked`:
   before the record says `delivered`, before any watermark is stored, after the first partition's,
-  or before the record says `stored`.
+  or before the record says `stored`; or inside the compaction of an exactly-once output's commit
+  index, which the run then does whatever its count (`in_compaction`: at its 1st to 6th write,
+  delete or move, picked by how many names the folder holds).
 - Late data: messages published while the run is inside its sink (after its range was fixed).
 - A gate: the sink blocks on its first batch until released, so a second run can start meanwhile.
 - A local clock ahead of or behind the broker's (`local_clock`): what a run reads as "now" to decide
@@ -21,6 +23,7 @@ import contextlib
 import shutil
 import subprocess
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +31,15 @@ from typing import Any
 
 from pyspark_rmqs.runs import consume, steps
 from pyspark_rmqs.runs import record as run_record
+from pyspark_rmqs.runs.outputs import commit_index, delivery
 from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 from pyspark_rmqs.runs.watermarks import store_watermarks
 
 # How far the run's local clock is from the broker's (ms): a worker's clock two minutes ahead or behind.
 CLOCK_SKEWS_MS = (0, 0, -120_000, 120_000)
-CRASH_POINTS = ("before_delivered", "before_store", "after_first_store", "before_stored")
+CRASH_POINTS = ("before_delivered", "before_store", "after_first_store", "before_stored", "in_compaction")
+COMPACTION_STEPS = 6  # `in_compaction` stops at one of the compaction's first this many mutations
+COMPACTION_STOPS: Counter[int] = Counter()  # the mutations `in_compaction` stopped before, by number
 GATE_TIMEOUT_S = 30.0
 
 
@@ -163,10 +169,12 @@ def crash_at(point: str | None) -> Iterator[None]:
 @contextlib.contextmanager
 def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
     """`stop(why)` at the protocol step `point` names (a CRASH_POINTS name; others match nothing):
-    before the record says `delivered` or `stored`, before any watermark is stored, or after the
-    first partition's. A `stop` that returns lets the run go on (a paused process resumed);
-    `crash_at` raises, `kill_job` holds the process until it is killed."""
+    before the record says `delivered` or `stored`, before any watermark is stored, after the
+    first partition's, or partway through a compaction of the commit index (`in_compaction`). A
+    `stop` that returns lets the run go on (a paused process resumed); `crash_at` raises,
+    `kill_job` holds the process until it is killed."""
     real_advance, real_store = run_record.advance, steps.store_watermarks_checked
+    real_compact = delivery._compact_quietly
 
     def advance(conn: Any, record: Any, state: str, **kw: Any) -> Any:
         before = {"before_delivered": run_record.DELIVERED, "before_stored": run_record.STORED}
@@ -190,13 +198,61 @@ def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
             stop(f"after storing the watermark of {first}")
         return real_store(conn, consumer, last_offsets, seen, resumed=resumed)
 
+    def compact_quietly(folder: commit_index.RecordFolder, listed: int | None) -> None:
+        if point != "in_compaction":
+            return real_compact(folder, listed)
+        # now, whatever the count (any count is valid: `expire` compacts at 1), dying partway: at
+        # a mutation the folder's state picks (reproducible with the sequence, varied across it)
+        at = 1 + len(folder.list_names()) % COMPACTION_STEPS
+        commit_index.compact(_StoppingFolder(folder, at, stop), every=1)
+        return None
+
     run_record.advance = advance
     steps.store_watermarks_checked = store
+    delivery._compact_quietly = compact_quietly
     try:
         yield
     finally:
         run_record.advance = real_advance
         steps.store_watermarks_checked = real_store
+        delivery._compact_quietly = real_compact
+
+
+class _StoppingFolder:
+    """A commit folder whose `at`-th mutation (write, delete or move) calls `stop` first: a process
+    killed partway through a compaction (its reads pass through)."""
+
+    def __init__(self, folder: commit_index.RecordFolder, at: int, stop: Callable[[str], None]) -> None:
+        self.folder, self.at, self.stop = folder, at, stop
+        self.remote = folder.remote
+        self.done = 0
+        self.lock = threading.Lock()  # remote folders delete and move from a thread pool
+
+    def _mutation(self, what: str) -> None:
+        with self.lock:
+            self.done += 1
+            hit = self.done == self.at
+        if hit:
+            COMPACTION_STOPS[self.at] += 1
+            self.stop(f"inside the commit index's compaction, before its {what} (mutation {self.at})")
+
+    def list_names(self, sub: str = "") -> list[str]:
+        return self.folder.list_names(sub)
+
+    def read_bytes(self, name: str) -> bytes | None:
+        return self.folder.read_bytes(name)
+
+    def write_bytes(self, name: str, body: bytes) -> None:
+        self._mutation(f"write of {name}")
+        self.folder.write_bytes(name, body)
+
+    def delete(self, name: str) -> None:
+        self._mutation(f"delete of {name}")
+        self.folder.delete(name)
+
+    def move(self, name: str, to: str) -> None:
+        self._mutation(f"move of {name}")
+        self.folder.move(name, to)
 
 
 @contextlib.contextmanager

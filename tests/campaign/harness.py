@@ -284,7 +284,7 @@ class CampaignBase(RuleBasedStateMachine):
     ) -> None:
         """What a finished try means for the model: (d) on failures, promises on success."""
         STATS[f"outcome:{attempt.kind}:{attempt.label}"] += 1
-        unmarked = crash == "before_delivered" and attempt.error is not None
+        unmarked = crash in ("before_delivered", "in_compaction") and attempt.error is not None
         # Dagster keeps the exception itself (its step failure event has the class and message only);
         # a drain's commit is Spark's checkpoint, not a commit state.
         lenient = p.engine in ("dagster", "dagster-spark", "drain")

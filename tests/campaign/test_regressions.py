@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from pyspark_rmqs.broker.client import AsyncBrokerClient
+from tests.campaign import faults
 from tests.campaign.config import SLOW_OPERATIONS, CampaignConfig
 from tests.campaign.harness import FALSE_ALARMS
 from tests.campaign.invariants import Violation
@@ -117,6 +118,50 @@ def test_a_failure_recording_delivered_says_the_output_is_committed(state: Campa
         ("publish", {"to": "a", "n": 10}),
         ("run_crashing", {"pipeline": "c2@a", "point": "before_delivered", "retry": True}),
     )
+
+
+def test_runs_killed_inside_their_outputs_compaction_are_retried_to_every_offset_once(
+    state: CampaignMachine,
+) -> None:
+    """Issue 47 (compaction in the alphabet): exactly-once runs into Parquet (the Airflow operator,
+    c2, and Dagster's Arrow asset, c5) die partway through the compaction of their output's commit
+    index, before its first to sixth write, delete or move (the folder's state picks which), each
+    retried at once; the invariants after every step and the final clean runs count every offset.
+    Checked: the stops really happened, at more than one place in the compaction."""
+    before = faults.COMPACTION_STOPS.copy()
+    calls: list[tuple[str, dict[str, object]]] = []
+    for i in range(5):
+        calls.append(("publish", {"to": "a", "n": 4 + i}))
+        for pipeline in ("c2@a", "c5@a"):
+            crash: dict[str, object] = {"pipeline": pipeline, "point": "in_compaction", "retry": i % 2 == 0}
+            calls.append(("run_crashing", crash))
+    steps(state, *calls)
+    stops = faults.COMPACTION_STOPS - before
+    assert sum(stops.values()) >= 5 and len(stops) >= 2, stops
+
+
+def test_runs_sigkilled_or_paused_inside_their_outputs_compaction_deliver_every_offset_once(
+    broker: BrokerSettings,
+) -> None:
+    """The same point in a process of its own (`run_killed`, off in the fixture's machine): SIGKILLed
+    there and retried, or SIGSTOPped there while the next run takes the lease and compacts the same
+    folder, then resumed to finish its stale compaction after it."""
+    machine = machine_with(CampaignConfig(disabled=SLOW_OPERATIONS - {"run_killed"}))()
+    killed, ended = STATS["killed:in_compaction"], STATS["killed:ended-first"]
+    paused = sum(v for k, v in STATS.items() if k.startswith("paused:in_compaction:resumed:"))
+    try:
+        calls: list[tuple[str, dict[str, object]]] = []
+        for i, how in enumerate(("kill", "stop", "kill", "stop")):
+            calls.append(("publish", {"to": "a", "n": 3 + i}))
+            kill: dict[str, object] = {"pipeline": "c2@a", "point": "in_compaction", "how": how}
+            calls.append(("run_killed", {**kill, "retry": how == "kill"}))
+        steps(machine, *calls)
+    finally:
+        machine._cleanup()
+    # Every job reached the point (none ended first), two were killed there and two paused there
+    resumed = sum(v for k, v in STATS.items() if k.startswith("paused:in_compaction:resumed:"))
+    assert STATS["killed:ended-first"] == ended, dict(STATS)
+    assert (STATS["killed:in_compaction"] - killed, resumed - paused) == (2, 2), dict(STATS)
 
 
 def test_a_watermark_the_broker_dropped_after_retention_fails_no_run(state: CampaignMachine) -> None:
