@@ -11,6 +11,13 @@ after one untimed run at the first size (a process's first run pays its imports 
 and `committed_files` on the output. Targets: a local folder, and an S3 bucket on moto's server
 (tests/support/s3.py, loopback). Prints, per target and size, the median run and reader time and
 their ratio to the first size: `local, 10,000 earlier runs: run 57 ms (1.04x), committed_files 21 ms`.
+
+moto's server answers a LIST by scanning every key of the bucket (S3 lists by prefix), so on moto a
+run's one LIST grows with the data files beside the output, not with its commit records. With
+`--pad` (the default on S3; `--no-pad` measures the bucket as the runs leave it), the bucket holds
+as many keys at every size: unrelated empty objects under `pad/`, as many as the largest history
+leaves, removed as the history grows. The ratio is then what the history costs a run, the bucket's
+size held still, as S3's listing by prefix holds it.
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ def main() -> None:
     ap.add_argument("--histories", default="1,1000,10000")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--targets", default="local,s3")
+    ap.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     sizes = [int(x) for x in args.histories.split(",")]
     targets = args.targets.split(",")
@@ -112,21 +120,26 @@ def main() -> None:
             total = (max(sizes) + (args.runs + 1) * len(sizes)) * PER_RUN + PER_RUN
             fill(conn, stream, total)
             for kind in targets:
-                _one_target(conn, stream, kind, tmp, s3, sizes, args.runs)
+                _one_target(conn, stream, kind, tmp, s3, sizes, args.runs, args.pad)
     finally:
         if s3 is not None and s3.process is not None:
             ts3.stop(s3.process)
 
 
-def _one_target(conn: Any, stream: str, kind: str, tmp: str, s3: Any, sizes: list[int], runs: int) -> None:
+def _one_target(
+    conn: Any, stream: str, kind: str, tmp: str, s3: Any, sizes: list[int], runs: int, pad: bool
+) -> None:
     output, options = _target(kind, tmp, s3)
     consumer = f"bench-history-{uuid.uuid4().hex[:8]}"
     sink = consume.ParquetSink(output, storage_options=options)
     client = BrokerClient(conn)
+    pads = _Pad(sink, 2 * (max(sizes) + runs * len(sizes) + 1)) if pad and kind == "s3" else None
     have = 0
     first: dict[str, float] = {}
     for i, size in enumerate(sizes):
         _history(sink, consumer, stream, have, size)
+        if pads is not None:
+            pads.keep(_bucket_keys(sink))
         have = size
         client.store_offsets(consumer, {stream: have * PER_RUN - 1})
         if i == 0:  # untimed: the process's first run pays its imports and connections
@@ -139,11 +152,47 @@ def _one_target(conn: Any, stream: str, kind: str, tmp: str, s3: Any, sizes: lis
         run_s, read_s = statistics.median(took), reader
         first.setdefault("run", run_s)
         first.setdefault("read", read_s)
+        where = f"{kind} (bucket padded to {pads.total:,} keys)" if pads is not None else kind
         print(
-            f"{kind}, {size:,} earlier runs: run {run_s * 1000:.0f} ms ({run_s / first['run']:.2f}x), "
+            f"{where}, {size:,} earlier runs: run {run_s * 1000:.0f} ms ({run_s / first['run']:.2f}x), "
             f"committed_files {read_s * 1000:.0f} ms ({read_s / first['read']:.2f}x)",
             flush=True,
         )
+
+
+class _Pad:
+    """Unrelated empty objects beside the output (`<bucket>/pad/`), keeping the bucket at `total` keys."""
+
+    def __init__(self, sink: consume.ParquetSink, total: int) -> None:
+        self.fs, self.total = sink.fs, total
+        self.root = sink.location.base.split("/", 1)[0] + "/pad"
+        self.names: list[str] = []
+
+    def keep(self, others: int) -> None:
+        """Add or remove pads so that the bucket holds `total` keys, `others` of them not pads."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        want = max(0, self.total - others)
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            if want > len(self.names):
+                new = [f"{self.root}/{i:08d}" for i in range(len(self.names), want)]
+                list(pool.map(self._put, new))
+                self.names += new
+            else:
+                list(pool.map(self.fs.delete_file, self.names[want:]))
+                del self.names[want:]
+
+    def _put(self, path: str) -> None:
+        with self.fs.open_output_stream(path) as f:
+            f.write(b"")
+
+
+def _bucket_keys(sink: consume.ParquetSink) -> int:
+    """The keys under the output (data files, commit records, index), recursively."""
+    from pyarrow import fs as pafs
+
+    infos = sink.fs.get_file_info(pafs.FileSelector(sink.location.base, recursive=True))
+    return sum(1 for i in infos if i.type == pafs.FileType.File)
 
 
 def _time(fn: Callable[[], Any], rounds: int) -> float:
