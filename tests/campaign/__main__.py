@@ -29,7 +29,7 @@ prepare_airflow()
 from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from tests.campaign import harness  # noqa: E402
+from tests.campaign import faults, harness  # noqa: E402
 from tests.campaign import machine as campaign  # noqa: E402
 from tests.campaign.config import AVOIDABLE, OPERATIONS, CampaignConfig  # noqa: E402
 from tests.support.broker import ensure_restartable_broker, settings_from_env  # noqa: E402
@@ -77,6 +77,9 @@ def report(started: float, master: int, batches: list[int]) -> None:
         found = sorted((k, v) for k, v in stats.items() if k.startswith(prefix + ":"))
         if found:
             print(f"campaign: {prefix}s: " + ", ".join(f"{k.split(':', 1)[1]}={v}" for k, v in found))
+    if faults.COMPACTION_STOPS:  # in-process `in_compaction` crashes, by the mutation stopped before
+        stops = sorted(faults.COMPACTION_STOPS.items())
+        print("campaign: compaction stops (mutation=count): " + ", ".join(f"{k}={v}" for k, v in stops))
     seconds = sorted(harness.SECONDS.items(), key=lambda kv: -kv[1])
     print("campaign: seconds per rule: " + ", ".join(f"{k}={v:.0f}" for k, v in seconds))
     for key in (
