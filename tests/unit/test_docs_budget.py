@@ -13,9 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Every page of docs/ (the files included from the root, CHANGELOG.md and CONTRIBUTING.md, count as
 # their one include line). 2,905 after issue 46's docs work, plus 120 for docs/permissions.md
-# (least privilege, written beside it), then 2,773 once each fact was said once and contributors'
+# (least privilege, written beside it), then 2,757 once each fact was said once and contributors'
 # material moved to CONTRIBUTING.md. The issue's goal is 2,600.
-TOTAL = 2_773
+TOTAL = 2_757
 PAGE = {"docs/operations.md": 250}
 
 
