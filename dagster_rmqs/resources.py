@@ -48,7 +48,7 @@ class RabbitMQStreamsResource(StreamsHandle, ConfigurableResource):
     tls_keystore_password: str | None = None
     address_resolver_class: str | None = Field(
         default=None,
-        description="Dotted path of an addressResolverClass (load balancers, NAT: docs/operations.md).",
+        description="Dotted path of an addressResolverClass (load balancers, NAT: docs/connecting.md).",
     )
     metadata_timeout_s: float = Field(
         default=40.0, description="Bound on one metadata call (sensors must finish within 60 s)."

@@ -64,7 +64,7 @@ def freeze_triggerer_heap() -> bool:
 
     Why: a triggerer's trigger runner holds ~296,000 objects (~200,000 of them Airflow's before any
     trigger runs), and each full collection scans them all, stopping the loop every trigger shares
-    for 200-290 ms on a 2-core machine (bench.triggerer, docs/operations.md). Frozen, they are never
+    for 200-290 ms on a 2-core machine (bench.triggerer, docs/performance.md). Frozen, they are never
     scanned again (they are still freed when no longer referenced); a full collection then scans
     what the triggerer made since. One full collection first, so no garbage is frozen with them
     (one such stop, at that first start).

@@ -370,7 +370,7 @@ def test_a_spark_read_with_nothing_new_starts_no_session(
     broker: BrokerSettings, streams: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An hourly task that finds nothing after its watermark returns at once: a local session is a
-    new JVM (5-14 s, docs/operations.md), the whole cost of such a run when it was started anyway."""
+    new JVM (4-9 s, docs/performance.md), the whole cost of such a run when it was started anyway."""
     s = streams.stream("idle")
     publish(broker, s, [b"x"] * 5)
     store_watermarks(conn_of(broker), "idle", {s: 4})  # everything read by an earlier run

@@ -1,6 +1,6 @@
 """The run records stream `rmqs.runs` against the real broker (issue 47): finding a consumer's newest
 record reads no record of another consumer, whatever the virtual host's history, and the stream is
-bounded by the retention rmqs creates it with (docs/operations.md, "The run records")."""
+bounded by the retention rmqs creates it with (docs/permissions.md, "The `rmqs.runs` stream")."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_a_consumers_newest_record_is_found_without_reading_other_consumers_reco
 def test_the_runs_stream_is_created_with_the_retention_the_docs_state(
     broker: tb.BrokerSettings, runs_stream: str
 ) -> None:
-    """The newest 1 GB in 16 MB segments (`max-length-bytes`): the bound docs/operations.md states."""
+    """The newest 1 GB in 16 MB segments (`max-length-bytes`): the bound docs/permissions.md states."""
     queue = tb.management("GET", f"queues/%2F/{urllib.parse.quote(runs_stream, safe='')}")
     arguments = queue["arguments"]
     assert (

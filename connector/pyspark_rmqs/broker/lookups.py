@@ -21,7 +21,7 @@ check is one request per partition and kind; what can be saved is everything aro
   only its consumer's stored offsets. What a waiting check holds is what CPython promotes when it
   collects during the poll, and a triggerer's watchers all wait at once: about 20 objects each
   (its own requests and answers were about 100), so the promotions that make CPython collect the
-  process's whole heap, stopping the loop, come several times more rarely (docs/operations.md).
+  process's whole heap, stopping the loop, come several times more rarely (docs/performance.md).
 * Tails (`TailCache`): a broker before 4.3 reports no committed offset in StreamStats, so the tail
   takes a subscription that delivers the stream's last chunk, 1.1-1.7 ms of the broker's CPU per
   stream (measured). Polling checks may reuse a tail while the stream's first and committed chunk

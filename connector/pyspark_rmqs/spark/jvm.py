@@ -12,7 +12,7 @@ passes it to the driver JVM when it exists and is current.
 The archive changes start-up speed, never behaviour: a JVM whose class path or JDK differs from the
 dump's ignores it (`-Xshare:auto`, the default) and starts as usual, silently (`-Xlog:cds=off`).
 Nothing is set when the user's conf or environment sets the driver's Java options already, and the
-users' own sessions are never touched (docs/operations.md shows the settings to use there).
+users' own sessions are never touched (docs/cli.md, `rmqs spark-archive`, shows the settings to use there).
 
 This module imports no pyspark: it only finds Spark's jars folder.
 """
