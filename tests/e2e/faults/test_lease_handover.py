@@ -1,6 +1,6 @@
 """A run's lease handed to the next run when the holder's process stops answering (docs/semantics.md,
 "The lease"): killed, at once; paused (SIGSTOP), after missed heartbeats. And what the paused holder
-does once it runs again (docs/failure-semantics.md, "A lease lost during the sink").
+does once it runs again (docs/failure-semantics.md, "The watermark protocol").
 
 The holder is a Spark-free watermark run in a process of its own (`holder_job.py`), stopped with the
 whole range handed to its exactly-once Parquet output and before its commit; the paused one asks
