@@ -105,7 +105,7 @@ test-spark-cluster: prepare
 	RMQS_TEST_SPARK_CLUSTER=1 $(PY) -m pytest -p no:cacheprovider -m spark_cluster tests/spark_cluster $(PYTEST_ARGS)
 
 # The compatibility tier (scripts/compat.py says which tests and why): the lowest and the highest
-# version of each declared range (PySpark, Airflow, Dagster), each in its own venv under
+# version of each declared range (PySpark, Airflow, Dagster) and Python 3.13, each in its own venv under
 # .venv-compat/ from its lock in requirements/compat/, one after the other, against the suite's
 # broker; a table of version x result at the end. Not part of `make test`. COMPAT_ARGS: end names.
 test-compat: setup broker-up
