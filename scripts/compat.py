@@ -22,10 +22,11 @@ The subsets, and why (docs/compatibility.md has the same list):
   (tests/dagster/test_{assets,component,sensors,resources_and_definitions,partitions}.py).
 - Python 3.13 (`python-3.13`; the other ends and `make test` run 3.11, 3.12 is not tested): the
   PySpark, Airflow and Dagster of requirements/constraints.txt, so only Python changes, running
-  tests/unit (whole) and the three subsets above: 1,565 tests, 290 s with its venv built (4:50 by
-  `time`, the tests 255 s, on 2 shared cores). Its interpreter is found on this machine (pyenv's
-  versions, `python3.13` on PATH, `uv python find`), never downloaded: without one the row says
-  `skipped: no Python 3.13 interpreter (looked in ...)` and the tier does not fail.
+  tests/unit (whole) and the three subsets above: 1,567 tests, 290 s with its venv built (29 s of
+  it), 202 s without, on 2 cores shared with two other sessions (2026-12-06). Its interpreter is
+  found on this machine (pyenv's versions, `python3.13` on PATH, `uv python find`), never
+  downloaded: without one the row says `skipped: no Python 3.13 interpreter (looked in ...)` and
+  the tier does not fail.
 
 Usage: `python scripts/compat.py [NAME...]` builds (when its lock changed) and tests the named
 ends (all by default), one venv at a time (2 cores), prints a table of version x result and exits
@@ -160,10 +161,11 @@ def _python_version(python: str) -> tuple[int, int] | None:
 
 
 def find_python(version: str) -> tuple[str | None, list[str]]:
-    """An interpreter of `version` (`3.13`) on this machine, and where it looked. The end's own
-    Python for the 3.11 ends (the one running this script); else pyenv's versions, `pythonX.Y` on
-    PATH, then `uv python find` (installed interpreters only: no download, PyPI is all CI reaches)."""
-    if version == f"{sys.version_info[0]}.{sys.version_info[1]}":
+    """An interpreter of `version` (`3.13`) on this machine, and where it looked. For the ends of
+    PYTHON_VERSION, the one running this script (`make setup`'s venv), as before the Python end;
+    else pyenv's versions, `pythonX.Y` on PATH, then `uv python find` (installed interpreters only:
+    no download, PyPI is all CI reaches)."""
+    if version == PYTHON_VERSION:
         return sys.executable, []
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     looked = [f"{pyenv}/{version}.*", f"python{version} on PATH", f"uv python find {version}"]
