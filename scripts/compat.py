@@ -9,7 +9,7 @@ this checkout (editable), and runs the tests that exercise that product's integr
 real broker (the suite's, `scripts/broker.sh`). Not the whole suite: the rest of rmqs does not
 change with these versions, and `make test` runs it.
 
-The subsets, and why (docs/compatibility.md has the same list):
+The subsets, and why (CONTRIBUTING.md has the last results):
 - Spark: the Data Source's batch reads (with pushdown), writes, and Structured Streaming reads and
   writes (tests/integration/test_spark_{batch,sink,streaming}.py), and the PySpark internals rmqs
   relies on (tests/unit/test_spark_compat.py). On Spark < 4.2 the streaming tests that need
