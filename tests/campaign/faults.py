@@ -6,7 +6,7 @@
   before the record says `delivered`, before any watermark is stored, after the first partition's,
   or before the record says `stored`; or inside the compaction of an exactly-once output's commit
   index, which the run then does whatever its count (`in_compaction`: at its 1st to 6th write,
-  delete or move, picked by how many names the folder holds).
+  delete or move: each in turn, shifted by how many names the folder holds).
 - Late data: messages published while the run is inside its sink (after its range was fixed).
 - A gate: the sink blocks on its first batch until released, so a second run can start meanwhile.
 - A local clock ahead of or behind the broker's (`local_clock`): what a run reads as "now" to decide
@@ -20,6 +20,7 @@ only their own faults.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import subprocess
 import threading
@@ -39,6 +40,7 @@ from pyspark_rmqs.runs.watermarks import store_watermarks
 CLOCK_SKEWS_MS = (0, 0, -120_000, 120_000)
 CRASH_POINTS = ("before_delivered", "before_store", "after_first_store", "before_stored", "in_compaction")
 COMPACTION_STEPS = 6  # `in_compaction` stops at one of the compaction's first this many mutations
+_COMPACTIONS = itertools.count()  # `in_compaction` draws in this process, in turn
 COMPACTION_STOPS: Counter[int] = Counter()  # the mutations `in_compaction` stopped before, by number
 GATE_TIMEOUT_S = 30.0
 
@@ -202,8 +204,9 @@ def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
         if point != "in_compaction":
             return real_compact(folder, listed)
         # now, whatever the count (any count is valid: `expire` compacts at 1), dying partway: at
-        # a mutation the folder's state picks (reproducible with the sequence, varied across it)
-        at = 1 + len(folder.list_names()) % COMPACTION_STEPS
+        # the next mutation in turn, shifted by the folder's state (a process of its own, where
+        # the turn is always the first, still stops past the first mutation)
+        at = 1 + (next(_COMPACTIONS) + len(folder.list_names())) % COMPACTION_STEPS
         commit_index.compact(_StoppingFolder(folder, at, stop), every=1)
         return None
 
