@@ -35,6 +35,7 @@ from pyspark_rmqs.runs import record as run_record
 from pyspark_rmqs.runs.outputs import commit_index, delivery
 from pyspark_rmqs.runs.outputs.iceberg import IcebergSink
 from pyspark_rmqs.runs.watermarks import store_watermarks
+from tests.support.folders import FaultyFolder
 
 # How far the run's local clock is from the broker's (ms): a worker's clock two minutes ahead or behind.
 CLOCK_SKEWS_MS = (0, 0, -120_000, 120_000)
@@ -207,7 +208,12 @@ def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
         # the next mutation in turn, shifted by the folder's state (a process of its own, where
         # the turn is always the first, still stops past the first mutation)
         at = 1 + (next(_COMPACTIONS) + len(folder.list_names())) % COMPACTION_STEPS
-        commit_index.compact(_StoppingFolder(folder, at, stop), every=1)
+
+        def stop_there(what: str) -> None:
+            COMPACTION_STOPS[at] += 1
+            stop(f"inside the commit index's compaction, before its {what} (mutation {at})")
+
+        commit_index.compact(FaultyFolder(folder, at, stop_there), every=1)
         return None
 
     run_record.advance = advance
@@ -219,43 +225,6 @@ def stop_at(point: str, stop: Callable[[str], None]) -> Iterator[None]:
         run_record.advance = real_advance
         steps.store_watermarks_checked = real_store
         delivery._compact_quietly = real_compact
-
-
-class _StoppingFolder:
-    """A commit folder whose `at`-th mutation (write, delete or move) calls `stop` first: a process
-    killed partway through a compaction (its reads pass through)."""
-
-    def __init__(self, folder: commit_index.RecordFolder, at: int, stop: Callable[[str], None]) -> None:
-        self.folder, self.at, self.stop = folder, at, stop
-        self.remote = folder.remote
-        self.done = 0
-        self.lock = threading.Lock()  # remote folders delete and move from a thread pool
-
-    def _mutation(self, what: str) -> None:
-        with self.lock:
-            self.done += 1
-            hit = self.done == self.at
-        if hit:
-            COMPACTION_STOPS[self.at] += 1
-            self.stop(f"inside the commit index's compaction, before its {what} (mutation {self.at})")
-
-    def list_names(self, sub: str = "") -> list[str]:
-        return self.folder.list_names(sub)
-
-    def read_bytes(self, name: str) -> bytes | None:
-        return self.folder.read_bytes(name)
-
-    def write_bytes(self, name: str, body: bytes) -> None:
-        self._mutation(f"write of {name}")
-        self.folder.write_bytes(name, body)
-
-    def delete(self, name: str) -> None:
-        self._mutation(f"delete of {name}")
-        self.folder.delete(name)
-
-    def move(self, name: str, to: str) -> None:
-        self._mutation(f"move of {name}")
-        self.folder.move(name, to)
 
 
 @contextlib.contextmanager

@@ -125,7 +125,7 @@ def test_runs_killed_inside_their_outputs_compaction_are_retried_to_every_offset
 ) -> None:
     """Issue 47 (compaction in the alphabet): exactly-once runs into Parquet (the Airflow operator,
     c2, and Dagster's Arrow asset, c5) die partway through the compaction of their output's commit
-    index, before its first to sixth write, delete or move (the folder's state picks which), each
+    index, before its first to sixth write, delete or move (each in turn), each
     retried at once; the invariants after every step and the final clean runs count every offset.
     Checked: the stops really happened, at more than one place in the compaction."""
     before = faults.COMPACTION_STOPS.copy()

@@ -27,6 +27,7 @@ from pyspark_rmqs.runs.incarnation import same as same_incarnation
 from pyspark_rmqs.runs.outputs import commit_index
 from pyspark_rmqs.runs.outputs.committed import committed_files
 from pyspark_rmqs.runs.outputs.delivery import COMMITS, FileCommits, RunToken, covers
+from tests.support.folders import FaultyFolder
 
 CONSUMERS = ("c1", "c2", None)
 STREAMS = ("s1", "s2")
@@ -37,40 +38,16 @@ class Killed(Exception):
     """A compaction or an expire stopped at one of its steps (as SIGKILL would stop it)."""
 
 
-class FaultyFolder:
-    """A `RecordFolder` passing every call to `inner`, stopping (`Killed`) or running `before`
-    ahead of the `at`-th call of operation `op` (`write_bytes`, `delete`, `move`)."""
+def faulty(inner: Any, op: str, at: int, before: Callable[[], None] | None = None) -> FaultyFolder:
+    """`inner`, stopped (`Killed`) or running `before` ahead of the `at`-th call of operation `op`
+    (`write_bytes`, `delete`, `move`)."""
 
-    def __init__(self, inner: FileCommits, op: str, at: int, before: Callable[[], None] | None = None):
-        self.inner, self.op, self.at, self.before, self.calls = inner, op, at, before, 0
-        self.remote = inner.remote
+    def act(what: str) -> None:
+        if before is None:
+            raise Killed(op)
+        before()
 
-    def _step(self, op: str) -> None:
-        if op != self.op:
-            return
-        self.calls += 1
-        if self.calls == self.at:
-            if self.before is None:
-                raise Killed(op)
-            self.before()
-
-    def list_names(self, sub: str = "") -> list[str]:
-        return self.inner.list_names(sub)
-
-    def read_bytes(self, name: str) -> bytes | None:
-        return self.inner.read_bytes(name)
-
-    def write_bytes(self, name: str, body: bytes) -> None:
-        self._step("write_bytes")
-        self.inner.write_bytes(name, body)
-
-    def delete(self, name: str) -> None:
-        self._step("delete")
-        self.inner.delete(name)
-
-    def move(self, name: str, to: str) -> None:
-        self._step("move")
-        self.inner.move(name, to)
+    return FaultyFolder(inner, at, act, ops=(op,))
 
 
 def model_spans(commits: list[RunToken], token: RunToken) -> dict[str, list[tuple[int, int]]]:
@@ -189,7 +166,7 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             commit(arg, compacts=op == "commit")
         elif op == "killed_compaction":
             try:  # killed where it reaches that step (a compaction of nothing stops earlier)
-                commit_index.compact(FaultyFolder(commits, *arg), every=1)
+                commit_index.compact(faulty(commits, *arg), every=1)
             except Killed:
                 pass
         elif op == "racing_compaction":  # A reads; a run commits and B compacts; then A writes
@@ -199,7 +176,7 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
                 commit(token, compacts=False)
                 commit_index.compact(commits, every=1)
 
-            commit_index.compact(FaultyFolder(commits, "write_bytes", at, before=other), every=1)
+            commit_index.compact(faulty(commits, "write_bytes", at, before=other), every=1)
             arg = token
         elif op == "drop_index":  # the whole index (an older one put back alone is not safe)
             for p in _index_objects(where):
@@ -222,7 +199,7 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             commit_index.compact(commits, every=1)
         elif op == "expire":
             before = _records(root)
-            folder = commits if arg is None else FaultyFolder(commits, "delete", arg)
+            folder = commits if arg is None else faulty(commits, "delete", arg)
             try:
                 commit_index.expire(folder, 0, now=float("inf"))
             except Killed:
@@ -422,7 +399,7 @@ def test_files_objects_a_killed_compaction_leaves_are_deleted_by_the_next_compac
         commits.commit(t, [_file(t)], 10, 1)
     commits.commit(runs[16], [_file(runs[16])], 10, 1)
     with pytest.raises(Killed):  # after the old index's spans object is deleted
-        commit_index.compact(FaultyFolder(commits, "delete", 2), every=1)  # type: ignore[arg-type]
+        commit_index.compact(faulty(commits, "delete", 2), every=1)
     left, nameless = _left_over(where)
     assert len(left) == 1 and nameless == set(), (left, nameless)
     commits.commit(runs[17], [_file(runs[17])], 10, 1)
@@ -430,7 +407,7 @@ def test_files_objects_a_killed_compaction_leaves_are_deleted_by_the_next_compac
     assert _left_over(where) == (set(), set())
     commits.commit(runs[18], [_file(runs[18])], 10, 1)
     with pytest.raises(Killed):  # after its files object, before its spans object
-        commit_index.compact(FaultyFolder(commits, "write_bytes", 2), every=1)  # type: ignore[arg-type]
+        commit_index.compact(faulty(commits, "write_bytes", 2), every=1)
     left, nameless = _left_over(where)
     assert len(nameless) == 1 and left == nameless
     assert commit_index.sweep(commits) == 0  # younger than the grace: as a compaction's in flight
@@ -492,7 +469,7 @@ def test_on_an_object_store_the_listed_prefix_stays_bounded_and_expire_keeps_lat
     for t in runs[17:]:  # two more, then a compaction killed after its index write
         commits.commit(t, [_file(t)], 10, 1)
     try:
-        commit_index.compact(FaultyFolder(commits.folder(), "move", 2), every=1)  # type: ignore[arg-type]
+        commit_index.compact(faulty(commits.folder(), "move", 2), every=1)
     except Killed:
         pass
     answer = committed_files(out, storage_options=s3.storage_options())
