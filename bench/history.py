@@ -52,8 +52,7 @@ def _history(sink: consume.ParquetSink, consumer: str, stream: str, have: int, w
         start, end = i * PER_RUN, (i + 1) * PER_RUN
         token = RunToken(consumer, {stream: (start, end)})
         name = consume.range_file_name(stream, start, end, token)
-        with sink.fs.open_output_stream(sink.location.path(name)) as f:
-            f.write(b"")  # the reader lists it; its content is not what is measured
+        _empty(sink.fs, sink.location.path(name))  # the reader lists it; its content is not measured
         commits.commit(token, [name], PER_RUN, 0)
 
 
@@ -71,8 +70,7 @@ def _history_remote(sink: consume.ParquetSink, consumer: str, stream: str, have:
         start, end = i * PER_RUN, (i + 1) * PER_RUN
         token = RunToken(consumer, {stream: (start, end)})
         name = consume.range_file_name(stream, start, end, token)
-        with sink.fs.open_output_stream(sink.location.path(name)) as f:
-            f.write(b"")
+        _empty(sink.fs, sink.location.path(name))
         record = new_record(token, [name], PER_RUN, 0)
         folder.write_bytes(f"{token.value}.json", json.dumps(asdict(record), indent=1).encode())
 
@@ -176,15 +174,17 @@ class _Pad:
         with ThreadPoolExecutor(max_workers=16) as pool:
             if want > len(self.names):
                 new = [f"{self.root}/{i:08d}" for i in range(len(self.names), want)]
-                list(pool.map(self._put, new))
+                list(pool.map(lambda path: _empty(self.fs, path), new))
                 self.names += new
             else:
                 list(pool.map(self.fs.delete_file, self.names[want:]))
                 del self.names[want:]
 
-    def _put(self, path: str) -> None:
-        with self.fs.open_output_stream(path) as f:
-            f.write(b"")
+
+def _empty(fs: Any, path: str) -> None:
+    """An empty object at `path`: a data file of the history, or a pad."""
+    with fs.open_output_stream(path) as f:
+        f.write(b"")
 
 
 def _bucket_keys(sink: consume.ParquetSink) -> int:

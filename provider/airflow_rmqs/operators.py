@@ -281,7 +281,7 @@ class RabbitMQStreamReadOperator(_BoundedReadOperator, _SparkOperator):
         with airflow_failures(secret_values(conn)):
             plan = self.plan(conn, "reading", context)
             try:
-                # Nothing to read: no session. A local one is a new JVM, 5-14 s of a task that
+                # Nothing to read: no session. A local one is a new JVM, 4-9 s of a task that
                 # otherwise takes a fraction of a second (docs/performance.md, the cost of starting Spark).
                 summary = jobs.run_read(
                     None if plan.is_empty else self.spark_session(),

@@ -387,9 +387,7 @@ def compact(folder: RecordFolder, *, every: int | None = None, listed: int | Non
     left = [files_name(n) for n in snap.replaced if n not in indexes]
     _read_all(folder, left, lambda f, n: f.delete(n))
     _read_all(folder, indexes, lambda f, n: f.delete(n))
-    _read_all(
-        folder, [files_name(n) for n in indexes if n.startswith(INDEX_PREFIX)], lambda f, n: f.delete(n)
-    )
+    _read_all(folder, [files_name(n) for n in read], lambda f, n: f.delete(n))
     # 4. out of the listed prefix, only now that an index holds it (in parallel where remote: the
     # moves are independent, each leaves its record in one place or both)
     _read_all(folder, folded, lambda f, n: f.move(n, f"{ARCHIVE_DIR}/{n}"))
