@@ -4,7 +4,8 @@ The wheel holds the four packages (DESIGN §3's three and the pytest plugin `pyt
 with `py.typed`, the connector's layer folders, and the license; its metadata names the license
 file, the version of `pyspark_rmqs.__version__`, and a long description without links into the
 repository (they break on the package index). The sdist holds the docs, the example DAGs, the
-license and the changelog. Exit 1 with one line per problem.
+example test project (docs/testing.md names it), the license and the changelog. Exit 1 with one
+line per problem.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SDIST_FILES = (
     "README.pypi.md",
     "docs/index.md",
     "dags/rmqs_ingest.py",
+    "examples/testing/test_streams.py",
 )
 
 

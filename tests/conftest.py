@@ -32,8 +32,6 @@ pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make
 # where rmqs is installed from this pyproject; a venv installed before the entry point existed gets it here.
 if not any(ep.name == "rmqs" for ep in entry_points(group="pytest11")):
     pytest_plugins.append("pytest_rmqs.plugin")
-# A user's project (DAG, asset, their tests): the plugin's tests copy it out and run pytest there.
-collect_ignore_glob = ["support/user_project/*"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

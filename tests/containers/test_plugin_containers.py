@@ -1,6 +1,6 @@
 """pytest_rmqs against RabbitMQ containers, as a user's tests run with no RMQS_TEST_URI set.
 
-1. The user's project of tests/support/user_project (the plugin's own fixture tests, a DAG under
+1. The user's project of examples/testing (the plugin's own fixture tests, a DAG under
    `dag.test()`, a Dagster asset) with this checkout's packages: the container is started, its
    stream port published on 127.0.0.1 and advertised there, and removed at the end.
 2. A fresh venv with the wheel's `rmqs[testing]` and nothing else, outside the checkout: the

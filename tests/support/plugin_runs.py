@@ -8,11 +8,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-USER_PROJECT = REPO / "tests" / "support" / "user_project"
+USER_PROJECT = REPO / "examples" / "testing"  # docs/testing.md links to its files
 
 
 def user_project(where: Path) -> Path:
-    """A copy of tests/support/user_project under `where` (outside the checkout, its own rootdir)."""
+    """A copy of examples/testing under `where` (outside the checkout, its own rootdir)."""
     target = where / "user_project"
     shutil.copytree(USER_PROJECT, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
