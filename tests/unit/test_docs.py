@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pyspark_rmqs.options import (
     INTEGER_BOUNDS,
@@ -129,12 +130,16 @@ def test_the_testing_guide_shows_the_example_project_the_suite_runs() -> None:
     the page cannot drift from what runs."""
     text = (ROOT / "docs" / "testing.md").read_text()
     project = ROOT / "examples" / "testing"
-    files = sorted(p.relative_to(project).as_posix() for p in project.rglob("*.py"))
-    assert len(files) == 5 and [f for f in files if f"`{f}`" not in text] == []
+    files = sorted(
+        p.relative_to(project).as_posix() for p in project.rglob("*") if p.suffix in (".py", ".yml")
+    )
+    assert len(files) == 6 and [f for f in files if f"`{f}`" not in text] == []
+    workflow = yaml.safe_load((project / "ci.yml").read_text())  # not run here: valid, and installs rmqs
+    assert "rmqs[testing" in str(workflow["jobs"]["test"]["steps"])
     shown = 0
     for block in docs.blocks("docs/testing.md"):
         m = re.match(r"an excerpt of (examples/testing/\S+);", block.not_run or "")
         if m:
             assert block.code in (ROOT / m[1]).read_text(), f"{block.where} is not an excerpt of {m[1]}"
             shown += 1
-    assert shown == 3
+    assert shown == 4
