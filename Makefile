@@ -105,9 +105,11 @@ test-spark-cluster: prepare
 	RMQS_TEST_SPARK_CLUSTER=1 $(PY) -m pytest -p no:cacheprovider -m spark_cluster tests/spark_cluster $(PYTEST_ARGS)
 
 # The compatibility tier (scripts/compat.py says which tests and why): the lowest and the highest
-# version of each declared range (PySpark, Airflow, Dagster) and Python 3.13, each in its own venv under
-# .venv-compat/ from its lock in requirements/compat/, one after the other, against the suite's
-# broker; a table of version x result at the end. Not part of `make test`. COMPAT_ARGS: end names.
+# version of each declared range (PySpark, Airflow, Dagster), a release below each (refused on
+# import), and Python 3.13, each in its own venv under .venv-compat/ from its lock in
+# requirements/compat/; Java 21 in a Debian 13 root (scripts/check_debian13.sh tests, needs root).
+# One after the other, against the suite's broker; a table of version x result at the end. Not part
+# of `make test`. COMPAT_ARGS: end names.
 test-compat: setup broker-up
 	$(PY) scripts/compat.py $(COMPAT_ARGS)
 

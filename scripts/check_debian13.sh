@@ -13,6 +13,13 @@
 # (`make setup` installs one) and the Python packages; the .deb files and uv's cache are kept in
 # $RMQS_CHECK_HOME for the next run. The last run's root stays in $RMQS_CHECK_HOME/run for inspection.
 # `scripts/check_debian13.sh base` only builds the cached base root.
+#
+# `scripts/check_debian13.sh tests PYTEST_ARGS...` is the Java 21 end of `make test-compat`
+# (scripts/compat.py): in the same throwaway root, `make setup` (Debian 13's Python 3.13 and the JRE
+# scripts/ensure_java.sh installs there, OpenJDK 21: this machine's own is 17), then pytest with
+# PYTEST_ARGS against this machine's broker (RMQS_TEST_URI, default the suite's 127.0.0.1:5552: the
+# root shares the network). No broker is installed in the root. uv's cache is this machine's
+# (`uv cache dir`), so the packages `make setup` already downloaded here are not fetched again.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +31,7 @@ R="$RUN/root"
 LOGS="$RUN/logs"
 STREAM_PORT=5702 TLS_PORT=5701 AMQP_PORT=5700 MGMT_PORT=15700 EPMD_PORT=4370
 SMOKE_TESTS=(tests/integration/test_broker_layer.py)  # the broker layer: a real broker, no Spark
+UV_CACHE="$CACHE/uv-cache"
 CHECKS=0
 
 say() { printf 'check-debian13: %s\n' "$*" >&2; }
@@ -88,7 +96,7 @@ prepare_run() {
     while read -r m; do umount -l "$m" 2>/dev/null || true; done \
         < <(awk -v r="$RUN/" 'index($2, r) == 1 {print $2}' /proc/self/mounts | sort -r)
     rm -rf --one-file-system "$RUN"
-    mkdir -p "$RUN/upper" "$RUN/work" "$R" "$LOGS" "$CACHE/apt-archives/partial" "$CACHE/uv-cache"
+    mkdir -p "$RUN/upper" "$RUN/work" "$R" "$LOGS" "$CACHE/apt-archives/partial" "$UV_CACHE"
     trap cleanup EXIT
     mount_ -t overlay overlay -o "lowerdir=$BASE,upperdir=$RUN/upper,workdir=$RUN/work" "$R"
     mount_ -t proc proc "$R/proc"
@@ -97,7 +105,7 @@ prepare_run() {
     mount_ -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"
     mkdir -p "$R/var/cache/apt/archives" "$R/root/.cache/uv"
     mount_ --bind "$CACHE/apt-archives" "$R/var/cache/apt/archives"
-    mount_ --bind "$CACHE/uv-cache" "$R/root/.cache/uv"
+    mount_ --bind "$UV_CACHE" "$R/root/.cache/uv"
     # The machine's CA certificates (TLS may be intercepted on the way to PyPI), dereferenced; the
     # local ones too, so that update-ca-certificates in the root (a JRE install runs it) keeps them.
     mkdir -p "$R/etc/ssl/certs" "$R/usr/local/share/ca-certificates"
@@ -111,9 +119,11 @@ prepare_run() {
     [[ -f "$R/work/rmqs/scripts/broker.sh" ]] || die "copying the working tree into the root failed"
 }
 
-# Run a shell command in the root, in the repository, with a clean environment and our ports.
+# Run a shell command in the root, in the repository, with a clean environment and our ports
+# (and ROOT_ENV: NAME=value words the tests mode adds, kept out of the commands it prints).
+ROOT_ENV=()
 in_root() {
-    chroot "$R" env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    chroot "$R" env -i "${ROOT_ENV[@]}" HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive \
         SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
         REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
@@ -189,13 +199,41 @@ assert_nothing_left() {
     ok "no beam, epmd or other broker process is left in the root"
 }
 
+# ------------------------------------------------------------------------------------ the tests mode
+
+# The Java 21 end of the compatibility tier: `make setup` in the root, then pytest "$@" against this
+# machine's broker. Prints "check-debian13: versions: Java X, Python Y" for scripts/compat.py's table.
+run_tests() {
+    local host_uv versions java_major
+    host_uv="$REPO/.venv/bin/uv"
+    if [[ -x "$host_uv" ]]; then UV_CACHE="$("$host_uv" cache dir)"; fi
+    prepare_run
+    grep -qx 'VERSION_ID="13"' "$R/etc/os-release" || die "the root is not Debian 13"
+    step setup 0 "make setup"
+    step versions 0 'java -version 2>&1 | head -1; .venv/bin/python -V'
+    java_major="$(sed -n 's/.*version "\([0-9]*\).*/\1/p' <<<"$OUT" | head -1)"
+    [[ "$java_major" -ge 21 ]] || die "the root's Java is not 21 or newer: $OUT"
+    versions="$(sed -n 's/.*version "\([^"]*\)".*/Java \1/p' <<<"$OUT" | head -1), $(grep -o 'Python [0-9.]*' <<<"$OUT")"
+    say "versions: $versions"
+    ROOT_ENV=(
+        "RMQS_TEST_URI=${RMQS_TEST_URI:-rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f}"
+        PYSPARK_PYTHON=/work/rmqs/.venv/bin/python PYSPARK_DRIVER_PYTHON=/work/rmqs/.venv/bin/python
+        SPARK_LOCAL_IP=127.0.0.1
+    )
+    step tests 0 ".venv/bin/python -m pytest -p no:cacheprovider -q $*" ' passed'
+    ROOT_ENV=()
+}
+
 # ------------------------------------------------------------------------------------ the check
 
+build_base
+case "${1:-}" in
+    base) say "base root ready: $BASE"; exit 0 ;;
+    tests) shift; run_tests "$@"; exit 0 ;;
+esac
 for port in "$STREAM_PORT" "$TLS_PORT" "$AMQP_PORT" "$MGMT_PORT" "$EPMD_PORT" $((AMQP_PORT + 20000)); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then die "port $port is in use: is another check running?"; fi
 done
-build_base
-if [[ "${1:-}" == base ]]; then say "base root ready: $BASE"; exit 0; fi
 prepare_run
 grep -qx 'VERSION_ID="13"' "$R/etc/os-release" || die "the root is not Debian 13: $(grep PRETTY_NAME "$R/etc/os-release")"
 ok "the root is Debian 13: $(grep PRETTY_NAME "$R/etc/os-release")"

@@ -27,6 +27,16 @@ The subsets, and why (CONTRIBUTING.md has the last results):
   found on this machine (pyenv's versions, `python3.13` on PATH, `uv python find`), never
   downloaded: without one the row says `skipped: no Python 3.13 interpreter (looked in ...)` and
   the tier does not fail.
+- Below each range (`spark-4.0`, `airflow-3.1`, `dagster-1.12.0`, each marked `refused`): a user
+  whose platform has an older PySpark, Airflow or Dagster than rmqs supports must get an error on
+  import naming the version needed and why (pyspark_rmqs.core.versions), and PySpark's other data
+  sources must still load. Their venvs hold only that product, rmqs's own dependencies and pytest
+  (an extra of rmqs's would refuse the version: that is the install-time error), and run
+  tests/compat/test_refused.py without the suite's conftest.
+- Java 21 (`java-21`; this machine's Java is 17, Debian 12 has no 21): the Spark subset run in a
+  throwaway Debian 13 root (scripts/check_debian13.sh tests), whose `make setup` installs Debian 13's
+  OpenJDK 21 and builds the venv with its Python 3.13, against this machine's broker. Needs root
+  (chroot, mounts): otherwise the row says `skipped` and the tier does not fail.
 
 Usage: `python scripts/compat.py [NAME...]` builds (when its lock changed) and tests the named
 ends (all by default), one venv at a time (2 cores), prints a table of version x result and exits
@@ -43,6 +53,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +105,8 @@ class End:
     pins: tuple[str, ...]
     tests: tuple[str, ...]
     python: str = PYTHON_VERSION
+    in_debian13: bool = False  # run by scripts/check_debian13.sh in a Debian 13 root, not in .venv-compat
+    refused: bool = False  # below the declared range: the tests check that rmqs refuses it on import
 
     @property
     def lock(self) -> Path:
@@ -130,6 +143,22 @@ ENDS = [
             *DAGSTER_TESTS,
         ),
         python="3.13",
+    ),
+    *(
+        End(name, product, (pin,), ("tests/compat/test_refused.py",), refused=True)
+        for name, product, pin in (
+            ("spark-4.0", "PySpark", "pyspark==4.0.0"),
+            ("airflow-3.1", "Apache Airflow", "apache-airflow==3.1.0"),
+            ("dagster-1.12.0", "Dagster", "dagster==1.12.0"),
+        )
+    ),
+    End(
+        "java-21",
+        "Java",
+        _main_pins("pyspark"),
+        tuple(SPARK_TESTS),
+        python="3.13",
+        in_debian13=True,
     ),
 ]
 
@@ -205,8 +234,15 @@ def lock(end: End) -> None:
     shutil.copyfile(ROOT / "requirements" / "constraints.txt", end.lock)
     pins = LOCKS / f"{end.name}.pins"
     pins.write_text("".join(f"{p}\n" for p in end.pins))
-    cmd = [uv(), "pip", "compile", "pyproject.toml", *[a for e in EXTRAS for a in ("--extra", e)]]
-    cmd += ["-c", str(pins.relative_to(ROOT)), "--override", "requirements/overrides.txt"]
+    if end.refused:
+        # No extra of rmqs's: each would refuse this version. rmqs's own dependencies and pytest.
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        pins.write_text("".join(f"{p}\n" for p in (*end.pins, *project["dependencies"], "pytest>=8")))
+        cmd = [uv(), "pip", "compile", str(pins.relative_to(ROOT))]
+    else:
+        cmd = [uv(), "pip", "compile", "pyproject.toml", *[a for e in EXTRAS for a in ("--extra", e)]]
+        cmd += ["-c", str(pins.relative_to(ROOT))]
+    cmd += ["--override", "requirements/overrides.txt"]
     cmd += ["--python-version", end.python, "--python-platform", PLATFORM, "-q", "-o"]
     cmd += [str(end.lock.relative_to(ROOT))]
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -235,7 +271,7 @@ def build(end: End, python: str) -> float:
     subprocess.run(
         [uv(), "pip", "install", "-q", "--python", py, "--no-deps", "-e", "."], cwd=ROOT, check=True
     )
-    if any(line.startswith("pyspark==") for line in end.lock.read_text().splitlines()):
+    if not end.refused and any(line.startswith("pyspark==") for line in end.lock.read_text().splitlines()):
         # Spark's Python workers import the venv's compiled pyspark (tests/support/pyspark_zip.py).
         subprocess.run([py, "-m", "tests.support.pyspark_zip"], cwd=ROOT, check=True, capture_output=True)
     stamp.write_text(_digest(end, python))
@@ -260,12 +296,32 @@ def run_tests(end: End, extra: list[str]) -> tuple[int, float]:
     env = dict(os.environ)
     env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), SPARK_LOCAL_IP="127.0.0.1")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    cmd = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "--dist", "loadgroup"]
+    cmd = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    if end.refused:  # no xdist, and none of the suite's fixtures or plugins (not installed there)
+        cmd += ["--noconftest", "-p", "no:rmqs", "-o", "addopts=", "-W", "ignore::pytest.PytestConfigWarning"]
+    else:
+        cmd += ["-n", "2", "--dist", "loadgroup"]
     cmd += [*end.tests, *extra]
     print(f"compat: {end.name}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
     rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
     return rc, time.monotonic() - t0
+
+
+def run_in_debian13(end: End, extra: list[str]) -> tuple[str, str, bool]:
+    """`end`'s tests in a Debian 13 root (scripts/check_debian13.sh tests): its version (the root's
+    Java and Python), the row's result, and whether it failed. Skipped, not failed, without root."""
+    if os.geteuid() != 0:
+        return "?", "skipped: the Debian 13 root needs root (chroot, mounts)", False
+    cmd = ["bash", "scripts/check_debian13.sh", "tests", "-n", "2", "--dist", "loadgroup", *end.tests, *extra]
+    print(f"compat: {end.name}: {' '.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    took = time.monotonic() - t0
+    sys.stderr.write(out.stderr)
+    versions = [ln.split("versions: ", 1)[1] for ln in out.stderr.splitlines() if "versions: " in ln]
+    result = "passed" if out.returncode == 0 else f"failed (exit {out.returncode})"
+    return (versions[0] if versions else "?"), f"{result} in {took:.0f} s", out.returncode != 0
 
 
 def main() -> int:
@@ -285,7 +341,7 @@ def main() -> int:
     if unknown:
         sys.exit(f"compat: unknown end(s) {sorted(unknown)}; known: {[e.name for e in ENDS]}")
     if relock:
-        for end in chosen:
+        for end in (e for e in chosen if not e.in_debian13):  # that end installs `make setup`'s lock
             lock(end)
             print(f"compat: locked {end.lock.relative_to(ROOT)}")
         return 0
@@ -294,6 +350,13 @@ def main() -> int:
     failed = False
     for end in chosen:
         package = end.pins[0].split("==", 1)[0]
+        if end.in_debian13:
+            if args.build_only:
+                continue
+            version, result, end_failed = run_in_debian13(end, args.pytest_args.split())
+            rows.append((end.product, end.name, version, result))
+            failed = failed or end_failed
+            continue
         python, looked = find_python(end.python)
         if python is None:
             # Not a failure: CI machines without this interpreter stay green, and the row says so.
@@ -313,7 +376,8 @@ def main() -> int:
         if args.build_only:
             continue
         rc, took = run_tests(end, args.pytest_args.split())
-        result = "passed" if rc == 0 else f"failed (pytest exit {rc})"
+        result = "passed (refused on import)" if end.refused else "passed"
+        result = result if rc == 0 else f"failed (pytest exit {rc})"
         failed = failed or rc != 0
         rows.append((end.product, end.name, version, f"{result} in {took:.0f} s"))
     print(f"\ncompat: {len(rows)} ends in {time.monotonic() - start:.0f} s")

@@ -61,3 +61,38 @@ def test_without_the_interpreter_the_end_is_skipped_not_failed(
     assert compat.main() == 0
     out = capsys.readouterr().out
     assert f"| Python | python-3.13 | 3.13 | skipped: no Python 3.13 interpreter (looked in {tmp_path}" in out
+
+
+def test_the_java_21_end_runs_the_spark_tests_in_a_debian_13_root_and_needs_root(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compat = _compat()
+    end = next(e for e in compat.ENDS if e.name == "java-21")
+    assert end.in_debian13 and end.tests == tuple(compat.SPARK_TESTS)
+    monkeypatch.setattr(compat.os, "geteuid", lambda: 1000)
+
+    def run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no root is built without root")
+
+    monkeypatch.setattr(compat.subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["compat.py", "java-21"])
+    assert compat.main() == 0
+    assert (
+        "| Java | java-21 | ? | skipped: the Debian 13 root needs root (chroot, mounts) |"
+        in capsys.readouterr().out
+    )
+
+
+def test_each_refused_end_is_one_release_below_its_range_with_no_extra_of_rmqs() -> None:
+    compat = _compat()
+    from pyspark_rmqs.core.versions import AIRFLOW, DAGSTER, PYSPARK, too_old
+
+    floors = {"PySpark": PYSPARK, "Apache Airflow": AIRFLOW, "Dagster": DAGSTER}
+    refused = [e for e in compat.ENDS if e.refused]
+    assert {e.product for e in refused} == set(floors)
+    for end in refused:
+        assert too_old(floors[end.product], end.version) is not None, f"{end.name} is not below the range"
+        pins = _pins(end.lock)
+        assert set(end.pins) <= pins, f"{end.lock} is stale: python scripts/compat.py lock {end.name}"
+        assert not any(p.startswith("rmqs") for p in pins)
+        assert end.tests == ("tests/compat/test_refused.py",)

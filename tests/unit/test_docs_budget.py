@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # (least privilege, written beside it), then 2,757 once each fact was said once and contributors'
 # material moved to CONTRIBUTING.md; 2,595, the issue's goal of at most 2,600 met, once docs/testing.md
 # linked to examples/testing (the files the suite runs) instead of showing them whole, and repeated
-# sentences of the semantics, operations and deployment pages were merged.
-TOTAL = 2_595
+# sentences of the semantics, operations and deployment pages were merged; 2,596 with
+# core/versions.py in docs/architecture.md's module tree (one line a module, checked).
+TOTAL = 2_596
 PAGE = {"docs/operations.md": 250}
 
 

@@ -1,4 +1,4 @@
-"""Spark's Python processes import compiled pyspark before pyspark.zip's sources (spark/pythonpath.py)."""
+"""Spark's Python processes import compiled pyspark, not pyspark.zip's sources (spark/pythonpath.py)."""
 
 from __future__ import annotations
 
@@ -10,38 +10,51 @@ from pathlib import Path
 import pytest
 
 from pyspark_rmqs.spark import pythonpath
-from pyspark_rmqs.spark.pythonpath import demote
+from pyspark_rmqs.spark.pythonpath import drop_zips
 
 SITE = "/venv/lib/python3.11/site-packages"
-LIB = f"{SITE}/pyspark/python/lib"
 
 
-def test_the_zips_of_the_pyspark_beside_go_last_and_everything_else_keeps_its_order() -> None:
+def _installed(tmp_path: Path, *packages: str) -> str:
+    site = tmp_path / "site-packages"
+    for package in packages:
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
+    return str(site)
+
+
+def test_the_zips_of_the_pyspark_beside_go_off_the_path_and_everything_else_keeps_its_order(
+    tmp_path: Path,
+) -> None:
+    """Off, not to the end: Python 3.13.5 then failed PySpark's data source lookup with a KeyError on
+    a zip at the end of the path (seen in `make test-compat`'s java-21 end, Debian 13)."""
+    site = _installed(tmp_path, "pyspark", "py4j")
+    lib = f"{site}/pyspark/python/lib"
     path = [
         "/job",
-        f"{LIB}/pyspark.zip",
-        f"{LIB}/py4j-0.10.9.9-src.zip",
-        f"{SITE}/pyspark/jars/spark-core_2.13-4.3.0.jar",
-        f"{LIB}/pyspark.zip",  # Spark puts them on PYTHONPATH twice
+        f"{lib}/pyspark.zip",
+        f"{lib}/py4j-0.10.9.9-src.zip",
+        f"{site}/pyspark/jars/spark-core_2.13-4.3.0.jar",
+        f"{lib}/pyspark.zip",  # Spark puts them on PYTHONPATH twice
         "/usr/lib/python311.zip",
-        SITE,
+        site,
     ]
-    demote(path, SITE)
-    assert path == [
-        "/job",
-        f"{SITE}/pyspark/jars/spark-core_2.13-4.3.0.jar",
-        "/usr/lib/python311.zip",
-        SITE,
-        f"{LIB}/pyspark.zip",
-        f"{LIB}/py4j-0.10.9.9-src.zip",
-        f"{LIB}/pyspark.zip",
-    ]
+    drop_zips(path, site)
+    assert path == ["/job", f"{site}/pyspark/jars/spark-core_2.13-4.3.0.jar", "/usr/lib/python311.zip", site]
+
+
+def test_py4js_zip_stays_where_it_is_without_py4j_installed_beside(tmp_path: Path) -> None:
+    site = _installed(tmp_path, "pyspark")
+    lib = f"{site}/pyspark/python/lib"
+    path = [f"{lib}/pyspark.zip", f"{lib}/py4j-0.10.9.9-src.zip", site]
+    drop_zips(path, site)
+    assert path == [f"{lib}/py4j-0.10.9.9-src.zip", site]
 
 
 def test_a_zip_of_another_spark_installation_stays_first() -> None:
     other = os.path.join("/opt/spark/python/lib", "pyspark.zip")
     path = [other, SITE]
-    demote(path, SITE)
+    drop_zips(path, SITE)
     assert path == [other, SITE]
 
 
@@ -52,7 +65,7 @@ def _site(tmp_path: Path) -> Path:
     return site
 
 
-def test_the_pth_it_installs_moves_the_zips_at_interpreter_start_and_remove_takes_it_out(
+def test_the_pth_it_installs_drops_the_zips_at_interpreter_start_and_remove_takes_it_out(
     tmp_path: Path,
 ) -> None:
     site = _site(tmp_path)
@@ -61,7 +74,7 @@ def test_the_pth_it_installs_moves_the_zips_at_interpreter_start_and_remove_take
     zip_ = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
     # site.addsitedir reads the .pth as the interpreter's start does for its own site-packages (-S: not
     # this venv's, which may hold a copy already).
-    probe = f"import site, sys; site.addsitedir({str(site)!r}); print(sys.path[-1] == {zip_!r})"
+    probe = f"import site, sys; site.addsitedir({str(site)!r}); print({zip_!r} not in sys.path)"
     env = {**os.environ, "PYTHONPATH": zip_}
     done = subprocess.run(
         [sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, check=True

@@ -131,6 +131,12 @@ class UnsupportedBrokerError(RmqsError):
     """The broker is too old for a requested feature (super streams 3.11, filtering 3.13)."""
 
 
+class UnsupportedVersionError(RmqsError, ImportError):
+    """The installed PySpark, Airflow or Dagster is older than rmqs supports (`core/versions.py`).
+    An ImportError, raised when that integration is imported: Airflow's provider discovery and
+    PySpark's data source lookup report import errors as such."""
+
+
 class DataError(RmqsError):
     """A message that cannot be decoded or a row that cannot be encoded; names stream and offset."""
 
@@ -293,6 +299,7 @@ for _error in (
     WatermarkConflictError,
     OpenWindowError,
     UnsupportedBrokerError,
+    UnsupportedVersionError,
     DataError,
     PublishError,
     ConsumerBusyError,

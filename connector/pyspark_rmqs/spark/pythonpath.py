@@ -12,9 +12,14 @@ Where pyspark is pip-installed, that zip is the very pyspark beside it
 (`<site-packages>/pyspark/python/lib/pyspark.zip`): the same sources. `install()` (what
 `rmqs spark-archive --compiled-pyspark` runs, once, where the tasks run) copies this module into
 that site-packages with a `.pth` that imports it at every interpreter start of the environment; it
-moves those zip entries (and py4j's) behind the rest of `sys.path`, so the compiled modules win. A
-zip of another Spark installation (a `SPARK_HOME` of its own) is left where it is. It changes where
-the same code is loaded from, never what runs, for every Spark session of that environment, which is
+takes those zip entries (and py4j's, when py4j is installed there too) off `sys.path`, so the
+compiled modules are the ones imported. Off, not moved to its end: on Python 3.13.5 (Debian 13's),
+PySpark's worker calls `importlib.invalidate_caches()`, which drops a zip's directory from
+zipimport's cache until something is imported from that zip again; a zip at the end of the path
+never is, and `pkgutil.iter_modules()` (PySpark's lookup of `pyspark_*` data sources) then fails
+with a KeyError on it. A zip of another Spark installation (a `SPARK_HOME` of its own), or py4j's
+zip without py4j installed beside, is left where it is. It changes where the same code is loaded
+from, never what runs, for every Spark session of that environment, which is
 why rmqs never installs it unasked; `remove()` takes it out again, and `RMQS_COMPILED_PYSPARK=off`
 in a process's environment turns it off for that process and the Spark processes it starts.
 
@@ -32,13 +37,18 @@ OFF_ENV = "RMQS_COMPILED_PYSPARK"
 """`off` in a process's environment (inherited by the Spark processes it starts) turns the move off."""
 
 
-def demote(path: list[str], site_packages: str) -> None:
-    """Move the zips of the pyspark installed in `site_packages` to the end of `path`, in place."""
+def drop_zips(path: list[str], site_packages: str) -> None:
+    """Take off `path`, in place, the zips of the pyspark installed in `site_packages` whose package
+    is installed there too (pyspark's always, py4j's when py4j is)."""
     lib = os.path.join(site_packages, "pyspark", "python", "lib")
-    zips = [p for p in path if p.endswith(".zip") and os.path.dirname(p) == lib]
-    for p in zips:
-        path.remove(p)
-    path.extend(zips)
+
+    def installed_beside(zip_path: str) -> bool:
+        package = "py4j" if os.path.basename(zip_path).startswith("py4j") else "pyspark"
+        return os.path.exists(os.path.join(site_packages, package, "__init__.py"))
+
+    path[:] = [
+        p for p in path if not (p.endswith(".zip") and os.path.dirname(p) == lib and installed_beside(p))
+    ]
 
 
 def _site_packages() -> str:
@@ -80,4 +90,4 @@ def remove(site_packages: str | None = None) -> None:
 
 
 if __name__ == MODULE and os.environ.get(OFF_ENV) != "off":  # the copy, imported by its .pth
-    demote(sys.path, os.path.dirname(os.path.abspath(__file__)))
+    drop_zips(sys.path, os.path.dirname(os.path.abspath(__file__)))
