@@ -96,3 +96,49 @@ def test_each_refused_end_is_one_release_below_its_range_with_no_extra_of_rmqs()
         assert set(end.pins) <= pins, f"{end.lock} is stale: python scripts/compat.py lock {end.name}"
         assert not any(p.startswith("rmqs") for p in pins)
         assert end.tests == ("tests/compat/test_refused.py",)
+
+
+def _rows(page: str) -> dict[str, list[str]]:
+    """docs/compatibility.md's first table: its first cell's first word(s) -> the row's cells."""
+    rows: dict[str, list[str]] = {}
+    for line in page.split("## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 4:
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_the_compatibility_page_states_the_declared_ranges_and_every_version_the_tiers_run() -> None:
+    """docs/compatibility.md is checked against what runs: each range as pyproject.toml declares it,
+    and in its "tested" column each version `make test` (requirements/constraints.txt) and each end
+    of `make test-compat` runs; the releases below the ranges on the page as refused."""
+    import tomllib
+
+    compat = _compat()
+    page = (ROOT / "docs" / "compatibility.md").read_text()
+    rows = _rows(page)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def row(product: str) -> list[str]:
+        found = [cells for first, cells in rows.items() if first.split(" (")[0] == product]
+        assert len(found) == 1, f"one row for {product} in docs/compatibility.md, found {len(found)}"
+        return found[0]
+
+    for product, extra, requirement in (
+        ("PySpark", "spark", "pyspark"),
+        ("Apache Airflow", "airflow", "apache-airflow"),
+        ("Dagster", "dagster", "dagster"),
+    ):
+        spec = next(s for s in extras[extra] if s.startswith(requirement + ">="))
+        low, _, high = spec.removeprefix(requirement + ">=").partition(",<")
+        declared = f"{low} to < {high}" if high else f"{low}+"
+        assert row(product)[1] == declared, f"{product}: pyproject.toml declares {spec}"
+        main = _pins(ROOT / "requirements" / "constraints.txt")
+        pinned = next(p.split("==")[1] for p in main if p.startswith(requirement + "=="))
+        assert pinned in row(product)[2], f"{product} {pinned} (make test) is not in the tested column"
+    for end in compat.ENDS:
+        if end.refused:
+            assert end.version in page, f"{end.name}: the refused {end.product} {end.version} is not named"
+            continue
+        version = "21." if end.product == "Java" else end.version  # 21.0.13: not `java-21`
+        assert version in row(end.product)[2], f"{end.name}: {end.product} {version} not in the tested column"
