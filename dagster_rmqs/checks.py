@@ -2,6 +2,8 @@
 
 Metadata only (tails and the watermark), so it is cheap to run after every materialization; as a
 blocking check it keeps downstream assets from materializing while the asset is too far behind.
+A non-retryable error (a refused permission) fails the check's step for good, as in the assets:
+a job's RetryPolicy would otherwise run it again and bury the error under "Exceeded max_retries".
 """
 
 from dagster import (
@@ -15,6 +17,7 @@ from dagster import (
     asset_check,
 )
 
+from dagster_rmqs.failures import failures
 from dagster_rmqs.targets import stream_target
 from pyspark_rmqs.errors import ConfigurationError
 
@@ -46,7 +49,8 @@ def build_lag_check(
         description=f"Consumer '{consumer}' lags at most {max_lag} message(s) on '{target.name}'",
     )
     def _lag_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        w = getattr(context.resources, key).watermarks(consumer, **target.kw)
+        with failures():
+            w = getattr(context.resources, key).watermarks(consumer, **target.kw)
         passed = w.total_lag <= max_lag
         return AssetCheckResult(
             passed=passed,

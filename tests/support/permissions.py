@@ -48,6 +48,17 @@ def limited_user(
         management("DELETE", f"users/{user}", port=broker.management_port)
 
 
+def grant(broker: BrokerSettings, user: BrokerSettings, *, configure: str, write: str, read: str) -> None:
+    """Replace the permissions of `user` (from `limited_user`) in place: its open connections stay,
+    as a team's long-lived process sees an administrator's fix."""
+    management(
+        "PUT",
+        f"permissions/{quote(user.vhost, safe='')}/{user.username}",
+        {"configure": configure, "write": write, "read": read},
+        port=broker.management_port,
+    )
+
+
 @contextmanager
 def fresh_vhost(broker: BrokerSettings) -> Iterator[str]:
     """A new, empty virtual host (no `rmqs.runs` yet) on which guest may do anything; deleted after."""
