@@ -79,10 +79,18 @@ class StreamFactory:
         self._super_streams.append(name)
         return name, parts
 
-    def add_partition(self, superstream: str, index: int, arguments: dict[str, object] | None = None) -> str:
-        """A new partition stream `<superstream>-<index>`, bound with routing key `<index>` after the
-        others (the local broker's management API: the stream protocol cannot add a partition)."""
-        name = f"{superstream}-{index}"
+    def add_partition(
+        self,
+        superstream: str,
+        index: int,
+        arguments: dict[str, object] | None = None,
+        *,
+        name: str | None = None,
+    ) -> str:
+        """A new partition stream (`<superstream>-<index>` unless `name`), bound with routing key
+        `<index>` after the others (the local broker's management API: the stream protocol cannot
+        add a partition)."""
+        name = name or f"{superstream}-{index}"
         tb.run(tb.create_stream(self.settings, name, arguments))
         self._streams.append(name)
         vhost = quote(self.settings.vhost, safe="")

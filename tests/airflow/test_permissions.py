@@ -208,3 +208,41 @@ def test_spark_drain_and_read_need_read_and_write_on_rmqs_runs(
         got = sorted(pq.read_table(tmp_path / folder, columns=["offset"])["offset"].to_pylist())
         assert got == list(range(300)), folder  # every offset once
     assert client(broker).stored_offsets("team-read", [s]) == {s: 299}
+
+
+def test_a_super_stream_partition_outside_the_team_pattern_fails_the_run_for_good(
+    broker: BrokerSettings, streams: StreamFactory, conn_env: Any
+) -> None:
+    """The consume operator on a super stream `<team>-...` one of whose partitions the team may not
+    read: the task fails for good naming that partition, before anything is read or stored."""
+    prefix = team_prefix()
+    ss, parts = streams.super_stream(2, prefix=prefix)
+    other = streams.add_partition(ss, 2, name=f"other{prefix}-{ss}-2")
+    for p in (*parts, other):
+        publish(broker, p, [b"m"] * 30)
+    record.ensure_stream(conn_of(broker))
+    own = f"^{prefix}-.*"
+    got: list[pa.RecordBatch] = []
+
+    def op() -> RabbitMQStreamConsumeOperator:
+        return RabbitMQStreamConsumeOperator(
+            task_id="c",
+            superstream=ss,
+            consumer_name="etl",
+            apply_function=got.append,
+            rabbitmq_stream_conn_id="team_a",
+        )
+
+    with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
+        conn_env("team_a", t.uri)
+        refused(lambda: op().execute({}), other, "read")
+    assert got == [] and set(client(broker).stored_offsets("etl", [*parts, other]).values()) == {None}
+    read = f"{own}|^other{prefix}-.*|{RUNS}"
+    with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=read) as t:
+        conn_env("team_a", t.uri)
+        assert op().execute({})["rows"] == 90
+    pairs = sorted(
+        pair for b in got for pair in zip(b["stream"].to_pylist(), b["offset"].to_pylist(), strict=True)
+    )
+    assert pairs == sorted((p, o) for p in (*parts, other) for o in range(30))  # each offset once
+    assert client(broker).stored_offsets("etl", [*parts, other]) == dict.fromkeys((*parts, other), 29)

@@ -14,15 +14,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pyspark_rmqs.broker.client import BrokerClient
+from pyspark_rmqs.consume import run_consume
 from pyspark_rmqs.errors import AccessRefusedError, classify
+from pyspark_rmqs.jobs import plan_read
 from pyspark_rmqs.runs import record
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings, management
 from tests.support.data import client, conn_of, publish
-from tests.support.permissions import RUNS, fresh_vhost, limited_user, team_prefix
+from tests.support.permissions import RUNS, fresh_vhost, grant, limited_user, team_prefix
 
 pytestmark = pytest.mark.timeout(300)
 RMQS = Path(sys.executable).parent / "rmqs"
@@ -165,3 +168,64 @@ def test_cli_watermark_set_and_lag_refused_exit_with_the_fix(
         lag = rmqs("lag", "--stream", s, "--consumer", "ops", "--json", *conn_args(t))
         assert lag.returncode == 0, lag.stderr
         assert client(broker).stored_offset("ops", s) == 19 and json.loads(lag.stdout)
+
+
+def test_a_super_stream_run_needs_read_on_each_partition_and_names_the_one_refused(
+    broker: BrokerSettings, streams: StreamFactory
+) -> None:
+    """A super stream `<team>-...` is read under `^<team>-.*` plus `rmqs.runs`; a partition bound
+    later whose name the pattern misses refuses the whole run at planning, naming that partition:
+    nothing read, stored or recorded, and the lease freed. Granted, the next run reads every offset
+    the refused one would have, once."""
+    team = team_prefix()
+    ss, parts = streams.super_stream(2, prefix=team)
+    publish(broker, parts[0], [b"a"] * 100)
+    publish(broker, parts[1], [b"b"] * 60)
+    record.ensure_stream(conn_of(broker))
+    own = f"^{team}-.*"
+    got: list[pa.RecordBatch] = []
+
+    def run(b: BrokerSettings) -> None:
+        conn = conn_of(b)
+        run_consume(conn, plan_read(conn, superstream=ss, consumer="etl", lease_wait_s=5), got.append)
+
+    def offsets() -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for batch in got:
+            for s, o in zip(batch["stream"].to_pylist(), batch["offset"].to_pylist(), strict=True):
+                out.setdefault(s, []).append(o)
+        return {s: sorted(v) for s, v in out.items()}
+
+    team_perms = {"configure": own, "write": f"{own}|{RUNS}", "read": f"{own}|{RUNS}"}
+    with limited_user(broker, **team_perms) as t:
+        run(t)
+    assert offsets() == {parts[0]: list(range(100)), parts[1]: list(range(60))}
+    first = record.latest(conn_of(broker), "etl", ss)
+    assert first is not None and first.done
+
+    other = streams.add_partition(ss, 2, name=f"other{team}-{ss}-2")  # outside `^<team>-.*`
+    publish(broker, other, [b"c"] * 40)
+    publish(broker, parts[0], [b"a"] * 10)
+    tail0 = client(broker).tail(parts[0])
+    with limited_user(broker, **team_perms) as t:
+        with pytest.raises(AccessRefusedError) as e:
+            run(t)
+        assert_refused(e.value, other, "read")
+        assert len([o for v in offsets().values() for o in v]) == 160  # nothing read by the refused run
+        stored = client(broker).stored_offsets("etl", [*parts, other])
+        assert stored == {parts[0]: 99, parts[1]: 59, other: None}
+        latest = record.latest(conn_of(broker), "etl", ss)
+        assert latest is not None and latest.run_id == first.run_id  # nothing planned or recorded
+        # Granted in place, the same user and process run again at once: the lease was freed.
+        grant(broker, t, **{**team_perms, "read": f"{own}|^other{team}-.*|{RUNS}"})
+        run(t)
+    assert offsets() == {
+        parts[0]: [*range(100), *range(tail0 - 10, tail0)],
+        parts[1]: list(range(60)),
+        other: list(range(40)),
+    }
+    assert client(broker).stored_offsets("etl", [*parts, other]) == {
+        parts[0]: tail0 - 1,
+        parts[1]: 59,
+        other: 39,
+    }
