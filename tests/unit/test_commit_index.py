@@ -225,6 +225,30 @@ def _run_history(root: Path, history: list[Any], probe: RunToken) -> None:
             assert left == set(), left
 
 
+def test_a_compaction_over_a_damaged_index_still_deletes_what_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator's history (found by it, 2026-12-06): an index B replaces A; B's file list is
+    deleted; A is put back beside B; `expire` compacts both into C and is killed between deleting
+    A's spans object and A's files object; the next compaction D reads B (damaged) and C. C names A
+    as replaced, but a damaged union dropped the spans objects D had read with it, so D left A's
+    files object behind, named by no index: it kept what it read to learn what they replaced."""
+    monkeypatch.setattr(commit_index, "COMPACT_EVERY", EVERY)
+    monkeypatch.setattr(commit_index, "ORPHAN_GRACE_S", 0.0)
+    one = RunToken("c1", {"s1": (0, 0)}, {})
+    history: list[Any] = [("commit", one)] * 10 + [
+        ("commit", RunToken("c1", {"s1": (0, 0), "s2": (0, 1)}, {})),
+        ("commit", RunToken("c1", {"s1": (0, 0)}, {"s1": 0, "s2": 0})),
+        ("compact_now", None),
+        ("files_gone", None),
+        ("old_index_back", None),
+        ("commit", RunToken("c1", {"s1": (0, 0), "s2": (0, 0)}, {})),
+        ("expire", 2),
+        ("commit", RunToken("c1", {"s1": (0, 0)}, {"s1": 0})),
+    ]
+    _run_history(tmp_path, history, one)
+
+
 def _left_over(where: Path) -> tuple[set[str], set[str]]:
     """The files objects whose spans object is gone, and those of them no spans object names."""
     spans = {p.name for p in where.glob(f"{commit_index.INDEX_PREFIX}*.json")}

@@ -289,8 +289,11 @@ def _snapshot(folder: RecordFolder, files: bool) -> tuple[Snapshot, list[str], l
         bodies, records = dict(zip(wanted, found[: len(wanted)], strict=True)), found[len(wanted) :]
         if all(b is not None for b in bodies.values()):
             break  # else deleted since the listing: a newer index holds what it held
-    else:
-        bodies = {}  # gone at every listing: read as damaged
+    # An object gone at every listing makes the union damaged (`_union`: the archive answers), but
+    # the spans objects read still name the indexes they replaced, whose files objects a kill may
+    # have left: they are kept for `replaced` (they were dropped, and the next compaction left those
+    # files objects behind: the commit index generator's history of a damaged index, a stale one
+    # put back and a compaction killed between its deletes)
     snap = _union(indexes, bodies, files)
     if snap is None:  # no index, or a damaged one: the archive answers
         snap = _archive(folder)
