@@ -77,13 +77,14 @@ class StreamsHandle(ABC):
         return self.watermarks(consumer_name, stream=stream, superstream=superstream).stored_offsets()
 
     def lag(self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None) -> int:
-        """Messages published after `consumer_name`'s watermark, summed over partition streams."""
+        """Offsets after `consumer_name`'s watermark, summed over partition streams: the messages
+        published since, plus the few offset-tracking entries written after it (docs/semantics.md)."""
         return self.watermarks(consumer_name, stream=stream, superstream=superstream).total_lag
 
     def lags(
         self, consumer_name: str, *, stream: str | None = None, superstream: str | None = None
     ) -> dict[str, int]:
-        """Messages published after `consumer_name`'s watermark, per partition stream."""
+        """Offsets after `consumer_name`'s watermark (messages and tracking entries), per partition stream."""
         return self.watermarks(consumer_name, stream=stream, superstream=superstream).lags()
 
     def store_watermarks(self, consumer_name: str, last_offsets: Mapping[str, int]) -> None:
