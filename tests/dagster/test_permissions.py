@@ -38,6 +38,26 @@ from tests.support.permissions import RUNS, grant, limited_user, team_prefix
 pytestmark = [pytest.mark.dagster, pytest.mark.timeout(300)]
 
 
+def _team_stream(broker: BrokerSettings, streams: StreamFactory, messages: list[bytes]) -> tuple[Any, ...]:
+    """A team's stream holding `messages` (and `rmqs.runs`, as an administrator made it), its
+    permission pattern, and the Arrow watermark asset (collecting its batches), its lag check and
+    its new-data sensor."""
+    prefix = team_prefix()
+    s = streams.stream(prefix)
+    publish(broker, s, messages)
+    record.ensure_stream(conn_of(broker))
+    got: list[pa.RecordBatch] = []
+    asset = _arrow_asset(s, got)
+    return s, f"^{prefix}-.*", got, asset, build_lag_check(asset, max_lag=0), build_new_data_sensor(asset)
+
+
+def _arrow_asset(stream: str, got: list[pa.RecordBatch], **kwargs: Any) -> Any:
+    """Consumer `dg-team`'s Arrow watermark asset of `stream`, collecting its batches in `got`."""
+    return build_stream_asset(
+        "team_orders", stream=stream, consumer_name="dg-team", sink=got.append, engine="arrow", **kwargs
+    )
+
+
 def test_arrow_asset_refused_then_allowed_with_read_and_write_on_rmqs_runs(
     broker: BrokerSettings, streams: StreamFactory
 ) -> None:
@@ -49,14 +69,7 @@ def test_arrow_asset_refused_then_allowed_with_read_and_write_on_rmqs_runs(
     got: list[pa.RecordBatch] = []
 
     def asset() -> Any:
-        return build_stream_asset(
-            "team_orders",
-            stream=s,
-            consumer_name="dg-team",
-            sink=got.append,
-            engine="arrow",
-            retry_policy=RetryPolicy(max_retries=2),
-        )
+        return _arrow_asset(s, got, retry_policy=RetryPolicy(max_retries=2))
 
     with limited_user(broker, configure=own, write=own, read=own) as t:
         result = materialize([asset()], resources={"rabbitmq": resource_of(t)}, raise_on_error=False)
@@ -87,17 +100,7 @@ def test_sensor_asset_and_lag_check_with_the_team_permissions_deliver_every_offs
     requests a run per new range, the asset delivers each offset once and moves the watermark, and
     the lag check measures the lag before and after; a user who may only read the stream runs the
     sensor and the check as well."""
-    prefix = team_prefix()
-    s = streams.stream(prefix)
-    publish(broker, s, [f"m-{i}".encode() for i in range(120)])
-    record.ensure_stream(conn_of(broker))
-    own = f"^{prefix}-.*"
-    got: list[pa.RecordBatch] = []
-    asset = build_stream_asset(
-        "team_orders", stream=s, consumer_name="dg-team", sink=got.append, engine="arrow"
-    )
-    check = build_lag_check(asset, max_lag=0)
-    sensor = build_new_data_sensor(asset)
+    s, own, got, asset, check, sensor = _team_stream(broker, streams, [f"m-{i}".encode() for i in range(120)])
 
     def tick(cursor: str | None, resources: dict[str, Any]) -> Any:
         return sensor(build_sensor_context(cursor=cursor, resources=resources))
@@ -148,17 +151,7 @@ def test_lag_check_and_sensor_refusals_are_typed_and_never_retried(
     RetryPolicy) and the sensors' ticks raise `AccessRefusedError`, each naming stream, permission
     and fix; the asset, allowed to read but not to write `rmqs.runs`, commits nothing and runs
     once granted."""
-    prefix = team_prefix()
-    s = streams.stream(prefix)
-    publish(broker, s, [b"m"] * 30)
-    record.ensure_stream(conn_of(broker))
-    own = f"^{prefix}-.*"
-    got: list[pa.RecordBatch] = []
-    asset = build_stream_asset(
-        "team_orders", stream=s, consumer_name="dg-team", sink=got.append, engine="arrow"
-    )
-    check = build_lag_check(asset, max_lag=0)
-    sensor = build_new_data_sensor(asset)
+    s, own, got, asset, check, sensor = _team_stream(broker, streams, [b"m"] * 30)
     with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=RUNS) as t:
         resources = {"rabbitmq": resource_of(t)}
         job = define_asset_job(
@@ -180,14 +173,7 @@ def test_lag_check_and_sensor_refusals_are_typed_and_never_retried(
             assert (e.value.resource, e.value.permission) == (s, "read")
             assert not classify(e.value).retryable and "rabbitmqctl set_permissions" in str(e.value)
 
-    retried = build_stream_asset(
-        "team_orders",
-        stream=s,
-        consumer_name="dg-team",
-        sink=got.append,
-        engine="arrow",
-        retry_policy=RetryPolicy(max_retries=2),
-    )
+    retried = _arrow_asset(s, got, retry_policy=RetryPolicy(max_retries=2))
     with limited_user(broker, configure="^$", write=own, read=f"{own}|{RUNS}") as t:
         team = {"rabbitmq": resource_of(t)}
         result = materialize([retried], resources=team, raise_on_error=False)
