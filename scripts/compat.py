@@ -22,8 +22,8 @@ The subsets, and why (CONTRIBUTING.md has the last results):
   (tests/dagster/test_{assets,component,sensors,resources_and_definitions,partitions}.py).
 - Python 3.13 (`python-3.13`; the other ends and `make test` run 3.11, 3.12 is not tested): the
   PySpark, Airflow and Dagster of requirements/constraints.txt, so only Python changes, running
-  tests/unit (whole) and the three subsets above: 1,567 tests, 290 s with its venv built (29 s of
-  it), 202 s and 254 s without, on 2 cores shared with two other sessions (2026-12-06). Its interpreter is
+  tests/unit (whole) and the three subsets above: 1,590 tests, 171 s alone on 2 cores, 202-290 s
+  shared with two other sessions (2026-12-06; building its venv: 29 s). Its interpreter is
   found on this machine (pyenv's versions, `python3.13` on PATH, `uv python find`), never
   downloaded: without one the row says `skipped: no Python 3.13 interpreter (looked in ...)` and
   the tier does not fail.
