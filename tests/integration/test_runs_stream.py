@@ -90,3 +90,57 @@ def test_the_runs_stream_is_created_with_the_retention_the_docs_state(
     )
     assert arguments["x-stream-max-segment-size-bytes"] == 16_000_000
     assert arguments["x-queue-type"] == "stream"
+
+
+def test_a_consumer_whose_record_retention_removed_runs_from_its_watermark(broker: tb.BrokerSettings) -> None:
+    """Found by hand (2026-12-06): once retention removed a consumer's newest record from `rmqs.runs`
+    while its pointer was still stored (until the broker's next segment roll drops it), looking the
+    record up read on to the stream's last chunk for a match, was delivered only user chunks, and
+    took the silence after the last one (the last chunk is a pointer, a tracking chunk) for a broker
+    that did not answer: every run of the consumer failed with a retryable `BrokerTimeoutError`
+    (138 other runs sufficed in a 200 KB stream). Now the record is gone and the run plans from the
+    consumer's watermark, as docs/permissions.md says: every offset published since, once; and a
+    consumer that never stored one (its only run found its stream empty) plans as one that never
+    ran, from `startingOffsets` ("latest": what arrived meanwhile is not its)."""
+    from dataclasses import replace
+
+    from pyspark_rmqs.consume import run_consume
+    from pyspark_rmqs.jobs import plan_read
+    from tests.support.data import publish
+    from tests.support.permissions import fresh_vhost
+
+    with fresh_vhost(broker) as vhost:
+        b = replace(broker, vhost=vhost)
+        conn, offsets = conn_of(b), {"s": list[int](), "empty": list[int]()}
+        c = BrokerClient(conn)
+        c.create_stream(
+            record.RUNS_STREAM, {"max-length-bytes": 60_000, "stream-max-segment-size-bytes": 15_000}
+        )
+        c.create_stream("s")
+        c.create_stream("empty")
+
+        def run(stream: str, start: str) -> None:
+            plan = plan_read(conn, stream=stream, consumer="etl", starting_offsets=start)
+            run_consume(conn, plan, lambda batch: offsets[stream].extend(batch.column("offset").to_pylist()))
+
+        publish(b, "s", [f"a{i}".encode() for i in range(30)])
+        run("s", "earliest")
+        run("empty", "latest")
+        key = record.run_key("etl", "s")
+        filled = 0
+        while True:  # other writers until retention passed the pointer, while it is still stored
+            pointer = c.stored_offset(key, record.RUNS_STREAM)
+            assert pointer is not None, "the pointer was dropped before retention passed it"
+            if pointer < c.first_offset(record.RUNS_STREAM):
+                break
+            _others(conn, record.RUNS_STREAM, 20, filled)
+            filled += 20
+            assert filled < 5_000
+        assert record.latest(conn, "etl", "s") is None  # before: BrokerTimeoutError, every time
+        publish(b, "s", [f"b{i}".encode() for i in range(20)])
+        publish(b, "empty", [f"c{i}".encode() for i in range(10)])
+        run("s", "earliest")
+        run("empty", "latest")
+        assert offsets["s"] == list(range(30)) + list(range(c.tail("s") - 20, c.tail("s")))
+        assert c.stored_offset("etl", "s") == c.tail("s") - 1
+        assert offsets["empty"] == [] and c.stored_offset("etl", "empty") == c.tail("empty") - 1

@@ -271,13 +271,22 @@ class ChunkProbes:
             client.deliver_sinks.pop(sub, None)
 
     async def find_message(
-        self, stream: str, offset: int, match: Callable[[bytes], bool]
+        self,
+        stream: str,
+        offset: int,
+        match: Callable[[bytes], bool],
+        *,
+        max_chunks_past_retention: int | None = None,
     ) -> tuple[int, bytes] | None:
         """The first message at or after `offset` whose body `match`es: (its offset, its body).
 
-        Reads whole chunks from `offset` up to the stream's last chunk as StreamStats reports it
-        when the search began; None when no message there matches (or the stream is empty). Meant
-        for small metadata streams (the run records), not for user data.
+        Reads whole chunks from `offset` (from the first offset kept when retention passed it) up to
+        the stream's last chunk as StreamStats reports it when the search began, offset-tracking
+        chunks too: the last chunk is usually one (a record's pointer is stored after it), and a
+        scan that saw only user chunks could not tell the end from a silent broker. None when no
+        message there matches (or the stream is empty); when retention passed `offset`, also when
+        none of the first `max_chunks_past_retention` chunks kept does. Meant for small metadata
+        streams (the run records), not for user data.
         """
         from pyspark_rmqs.core.chunks import chunk_records
         from pyspark_rmqs.core.codec import bodies
@@ -286,21 +295,28 @@ class ChunkProbes:
         if st.is_empty:
             return None
         found: list[tuple[int, bytes]] = []
+        limit = max_chunks_past_retention if offset < st.first_offset else None
+        scanned = [0]
+        ended = [False]
 
         def done(chunk: Chunk) -> bool:
+            scanned[0] += 1
             if chunk.chunk_type == 0:
                 for i, body in enumerate(bodies(chunk_records(chunk.data, chunk.num_entries))):
                     at = chunk.first_offset + i
                     if at >= offset and match(body):
                         found.append((at, body))
                         return True
-            return chunk.first_offset >= st.committed_chunk_id
+            ended[0] = chunk.first_offset >= st.committed_chunk_id or (
+                limit is not None and scanned[0] >= limit
+            )
+            return ended[0]
 
         spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, max(offset, st.first_offset))
-        chunks = await self._scan(stream, spec, done)
+        await self._scan(stream, spec, done, every_chunk=True)
         if found:
             return found[0]
-        if not chunks or not done(chunks[-1]):
+        if not ended[0]:
             raise BrokerTimeoutError(f"reading '{stream}': the broker did not deliver its chunks in time")
         return None
 

@@ -507,9 +507,17 @@ class BrokerClient:
         return self._run(self.aio.offset_for_timestamp(stream, timestamp_ms), "offset_for_timestamp")
 
     def find_message(
-        self, stream: str, offset: int, match: Callable[[bytes], bool]
+        self,
+        stream: str,
+        offset: int,
+        match: Callable[[bytes], bool],
+        *,
+        max_chunks_past_retention: int | None = None,
     ) -> tuple[int, bytes] | None:
-        return self._run(self.aio.find_message(stream, offset, match), "find_message")
+        return self._run(
+            self.aio.find_message(stream, offset, match, max_chunks_past_retention=max_chunks_past_retention),
+            "find_message",
+        )
 
     def oldest_chunks(self, streams: Iterable[str]) -> dict[str, tuple[int, int] | None]:
         """(first offset, timestamp) of the oldest chunk kept per stream, concurrently (`oldest_chunk`)."""

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RUNS_STREAM = "rmqs.runs"
+# Where retention passed a pointer, its record is gone, or is among the first chunks kept (written
+# just after the pointer's tail was read, behind at most the records and pointers of the runs
+# that wrote meanwhile): the search reads that many chunks, not the whole stream (1 GB).
+SEARCH_PAST_RETENTION_CHUNKS = 256
 RUNS_STREAM_ARGUMENTS = {"max-length-bytes": 1_000_000_000, "stream-max-segment-size-bytes": 16_000_000}
 VERSION = 1
 
@@ -303,7 +307,9 @@ def read_latest(conn: Any, key: str, match: Any) -> tuple[bytes | None, int | No
         return None, None
     if pointer is None:
         return None, None
-    found = client.find_message(RUNS_STREAM, pointer, match)
+    found = client.find_message(
+        RUNS_STREAM, pointer, match, max_chunks_past_retention=SEARCH_PAST_RETENTION_CHUNKS
+    )
     if found is None:
         log.info("the newest record of '%s' is no longer in %s (retention)", key, RUNS_STREAM)
         return None, pointer
