@@ -83,3 +83,16 @@ def test_the_versions_make_test_runs_are_accepted_and_the_data_source_is_the_rea
     from pyspark_rmqs.spark.source import RabbitMQStreamsDataSource
 
     assert pyspark_rmqs.DefaultSource is RabbitMQStreamsDataSource
+
+
+def test_the_spark_packages_check_reads_metadata_and_imports_no_pyspark() -> None:
+    """`pyspark_rmqs.spark.jvm` (`rmqs spark-archive`, the suite's start) and `pythonpath` import no
+    pyspark: the package's version check must not either."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pyspark_rmqs.spark.jvm, pyspark_rmqs.spark.pythonpath; print('pyspark' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
