@@ -21,6 +21,7 @@ import random
 import sys
 import time
 import traceback
+from dataclasses import replace
 
 from tests.campaign.env import prepare_airflow, quiet
 
@@ -29,10 +30,12 @@ prepare_airflow()
 from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
+from pyspark_rmqs.runs.record import RUNS_STREAM  # noqa: E402
 from tests.campaign import faults, harness  # noqa: E402
 from tests.campaign import machine as campaign  # noqa: E402
+from tests.campaign.broker_ops import BrokerOps  # noqa: E402
 from tests.campaign.config import AVOIDABLE, OPERATIONS, CampaignConfig  # noqa: E402
-from tests.support.broker import ensure_restartable_broker, settings_from_env  # noqa: E402
+from tests.support.broker import RESTARTABLE, ensure_restartable_broker, settings_from_env  # noqa: E402
 
 
 def campaign_settings(examples: int, steps: int, *, shrink: bool = True) -> settings:
@@ -70,6 +73,7 @@ def report(started: float, master: int, batches: list[int]) -> None:
         "drain_killed",
         "drain_sink_failing",
         "spark_publish",
+        "evicted",
         "noop",
         "avoided",
         "disabled",
@@ -94,11 +98,47 @@ def report(started: float, master: int, batches: list[int]) -> None:
         "broker_restarts_mid_run",
         "broker_restart_seconds",
         "drain_generations",
+        "records_evicted",
+        "evicted_loss_unreported",
     ):
         if stats[key]:
             print(f"campaign: {key}: {stats[key]}")
     for alarm in harness.FALSE_ALARMS[:5]:
         print(f"campaign: a loss reported that the consumer did not suffer: {alarm}")
+
+
+def run_batches(
+    args: argparse.Namespace, config: CampaignConfig, rng: random.Random, started: float, batches: list[int]
+) -> int:
+    """Batches of sequences until the time budget or `--batches` ran out (the batch seeds are appended
+    to `batches`); how many batches failed."""
+    failures = 0
+    while time.monotonic() - started < args.seconds and (args.batches is None or len(batches) < args.batches):
+        # Odd and even batch seeds alternate: `--outputs alternate` writes S3 in every other batch
+        # (CampaignConfig.for_batch reads the seed's parity, so a batch replays with its own choice).
+        drawn = rng.randrange(2**31) * 2 + (len(batches) + 1) % 2  # the first batch on S3
+        batch = args.seed if args.seed is not None and not batches else drawn
+        batches.append(batch)
+        batch_config = config.for_batch(batch)
+        machine = seed(batch)(campaign.machine_with(batch_config))
+        print(f"campaign: batch {len(batches)} seed {batch} (outputs: {batch_config.outputs})", flush=True)
+        seen = len(harness.FAILURES)
+        try:
+            run_state_machine_as_test(
+                machine, settings=campaign_settings(args.examples, args.steps, shrink=not args.no_shrink)
+            )
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            failures += 1
+            print(f"\ncampaign: VIOLATION in batch seed {batch}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exception(e, limit=-3)
+            if harness.FAILURES[seen:]:  # as it happened first (hypothesis replays may differ)
+                trail, error = harness.FAILURES[seen]
+                print(f"campaign: first failure in this batch: {error}\n" + "\n".join(trail), flush=True)
+            if not args.keep_going:
+                break
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.broker == "restartable" and settings_from_env().external:
         args.broker = "shared"  # RMQS_TEST_URI: a broker the campaign must not restart
     os.environ["CAMPAIGN_BROKER"] = args.broker
+    config = CampaignConfig.from_env()
     if args.broker == "restartable":
         ensure_restartable_broker()
-    config = CampaignConfig.from_env()
+        if config.enabled("evict_records"):  # the campaign's own, small rmqs.runs (broker_ops)
+            BrokerOps(RESTARTABLE).recreate_runs_stream()
+            config = replace(config, evictable_records=True)
     quiet()
     master = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(master)
@@ -153,32 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     batches: list[int] = []
-    failures = 0
-    while time.monotonic() - started < args.seconds and (args.batches is None or len(batches) < args.batches):
-        # Odd and even batch seeds alternate: `--outputs alternate` writes S3 in every other batch
-        # (CampaignConfig.for_batch reads the seed's parity, so a batch replays with its own choice).
-        drawn = rng.randrange(2**31) * 2 + (len(batches) + 1) % 2  # the first batch on S3
-        batch = master if args.seed is not None and not batches else drawn
-        batches.append(batch)
-        batch_config = config.for_batch(batch)
-        machine = seed(batch)(campaign.machine_with(batch_config))
-        print(f"campaign: batch {len(batches)} seed {batch} (outputs: {batch_config.outputs})", flush=True)
-        seen = len(harness.FAILURES)
-        try:
-            run_state_machine_as_test(
-                machine, settings=campaign_settings(args.examples, args.steps, shrink=not args.no_shrink)
-            )
-        except BaseException as e:
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            failures += 1
-            print(f"\ncampaign: VIOLATION in batch seed {batch}: {type(e).__name__}: {e}", flush=True)
-            traceback.print_exception(e, limit=-3)
-            if harness.FAILURES[seen:]:  # as it happened first (hypothesis replays may differ)
-                trail, error = harness.FAILURES[seen]
-                print(f"campaign: first failure in this batch: {error}\n" + "\n".join(trail), flush=True)
-            if not args.keep_going:
-                break
+    try:
+        failures = run_batches(args, config, rng, started, batches)
+    finally:
+        if config.evictable_records:  # rmqs creates it again, with its own retention, on first use
+            BrokerOps(RESTARTABLE).delete_stream(RUNS_STREAM)
     report(started, master, batches)
     return 1 if failures else 0
 

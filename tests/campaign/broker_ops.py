@@ -8,6 +8,7 @@ an operator would. Nothing here is the code under test's mock: every call reache
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,7 @@ from pyspark_rmqs.broker.client import BrokerClient
 from pyspark_rmqs.broker.routing import hash_partition
 from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.produce import publish
+from pyspark_rmqs.runs.record import RUNS_STREAM, run_key
 from tests.support.broker import BrokerSettings, management
 from tests.support.data import conn_of
 
@@ -26,6 +28,12 @@ LEASE_CONNECTION_PREFIX = "rmqs-lease:"
 # the truncate rule sets a `max-length-bytes` policy, rolls a segment, and removes the policy.
 SEGMENT_BYTES = 400
 STREAM_ARGS = {"stream-max-segment-size-bytes": SEGMENT_BYTES}
+# The campaign's own `rmqs.runs` (on its own broker: `recreate_runs_stream`): retention keeps about
+# 200 KB of run records in segments of 25 KB, so `evict_records`' filler (and a busy campaign's own
+# runs) remove consumers' newest records, as 1 GB of other runs would in a busy virtual host.
+RUNS_STREAM_ARGS = {"max-length-bytes": 200_000, "stream-max-segment-size-bytes": 25_000}
+FILLER_BODY = b'{"campaign-filler":"' + b"x" * 1000 + b'"}'  # no consumer's record: never matches one
+FILLER_BATCH = 25  # filler messages per publish call: one segment
 
 
 def routing_key(seq: int) -> str:
@@ -163,6 +171,49 @@ class BrokerOps:
     def stored_on(self, consumer: str, streams: Iterable[str]) -> dict[str, int | None]:
         """The consumer's stored watermark per stream (None where it stored none)."""
         return self.client.stored_offsets(consumer, list(streams))
+
+    # --------------------------------------------------------------------------- run records
+
+    def recreate_runs_stream(self) -> None:
+        """Delete `rmqs.runs` and create it with `RUNS_STREAM_ARGS` (rmqs creates it only when
+        missing, so its runs keep these); every record and pointer goes with it. Only on the
+        campaign's own broker: the shared one's is every test's."""
+        if self.client.stream_exists(RUNS_STREAM):
+            self.delete_stream(RUNS_STREAM)
+        self.client.create_stream(RUNS_STREAM, RUNS_STREAM_ARGS)
+
+    def runs_first(self) -> int:
+        """`rmqs.runs`' first offset kept (0 when it is missing or empty)."""
+        return self.firsts([RUNS_STREAM]).get(RUNS_STREAM, 0)
+
+    def settled_runs_first(self) -> int:
+        """`runs_first` once it stayed the same for 0.15 s (retention removes segments in the
+        background)."""
+        return self.settled_first(RUNS_STREAM, stable_s=0.15) if self.runs_first() else 0
+
+    def record_kept(self, consumer: str, target: str) -> bool:
+        """Whether `rmqs.runs` still holds the newest record of `consumer` on `target`: its pointer
+        is stored (the broker drops a pointer retention passed at its next segment roll) and the
+        record, the first of its records at or after the pointer, is still there. Read here, not
+        through rmqs's `record.latest`, which is what the campaign checks."""
+        key = run_key(consumer, target)
+        if not self.client.stream_exists(RUNS_STREAM):
+            return False
+        pointer = self.client.stored_offset(key, RUNS_STREAM)
+        if pointer is None:
+            return False
+        first = self.runs_first()
+        if pointer >= first:
+            return True
+        marker = b'"consumer":' + json.dumps(consumer).encode()
+        target_marker = b'"target":' + json.dumps(target).encode()
+        found = self.client.find_message(RUNS_STREAM, first, lambda b: marker in b and target_marker in b)
+        return found is not None
+
+    def fill_runs(self, batches: int) -> None:
+        """Publish `batches` segments of filler into `rmqs.runs` (as other consumers' runs would)."""
+        for _ in range(batches):
+            publish(self.conn, [FILLER_BODY] * FILLER_BATCH, stream=RUNS_STREAM)
 
     # ------------------------------------------------------------------------------- leases
 

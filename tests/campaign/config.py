@@ -97,6 +97,7 @@ OPERATIONS = (
     "iceberg_run",
     "sensors",
     "spark_publish",
+    "evict_records",
 )
 
 
@@ -128,6 +129,13 @@ class CampaignConfig:
     # batch seeds, so a batch replays with its own choice).
     outputs: str = "local"
     broker: str = "shared"
+    # Whether `rmqs.runs` on the sequence's broker is the campaign's own, small one
+    # (`BrokerOps.recreate_runs_stream`: the runner's, on its own broker): retention removes run
+    # records, and the model follows which consumers' newest records are gone (`evict_records`).
+    evictable_records: bool = False
+    # The virtual host the sequence's streams live in (None: the broker settings' own): the tests of
+    # evicted records take a fresh one on the shared broker, whose `rmqs.runs` they may make small.
+    vhost: str | None = None
 
     def avoids(self, bug: str) -> bool:
         assert bug in AVOIDABLE, bug
@@ -183,6 +191,8 @@ SLOW_OPERATIONS = frozenset(
         "dagster_window",
         "iceberg_run",
         "spark_publish",
+        # The shared broker's `rmqs.runs` is every test's (1 GB): only the campaign's own is small.
+        "evict_records",
     }
 )
 SUITE = CampaignConfig(avoid=frozenset(KNOWN_BUGS), disabled=SLOW_OPERATIONS, initial_messages=2)

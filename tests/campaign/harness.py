@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,7 +45,7 @@ from tests.campaign.invariants import (
     check_output,
     check_watermarks,
 )
-from tests.campaign.model import Model, PipelineModel, TargetModel
+from tests.campaign.model import Model, Part, PipelineModel, TargetModel
 from tests.campaign.runs import Attempt, Row, execute, iceberg_rows, parquet_rows, use_broker
 from tests.support.broker import RESTARTABLE, settings_from_env
 
@@ -97,6 +99,8 @@ class CampaignBase(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         settings = RESTARTABLE if self.config.broker == "restartable" else settings_from_env()
+        if self.config.vhost is not None:
+            settings = replace(settings, vhost=self.config.vhost)
         use_broker(settings)
         self.ops = BrokerOps(settings)
         self.dagster = DagsterRuns(settings)
@@ -113,6 +117,10 @@ class CampaignBase(RuleBasedStateMachine):
         self._per_rule: Counter[str] = Counter()
         self.trail: list[str] = []  # the rules called, as hypothesis prints them (machine._traced)
         self.names: dict[str, str] = {}
+        # `rmqs.runs`' first offset when records were last observed (config.evictable_records), and
+        # per pipeline the partitions an evicted consumer's try found with no stored offset.
+        self._runs_first: int | None = None
+        self._unplaced: dict[str, set[Part]] = {}
         self.bucket = object_store.server().new_bucket("camp") if self.config.outputs == "s3" else None
         # Compaction of the commit index every COMPACT_EVERY commits, under every rule (16 by default:
         # a sequence's output rarely gets there); put back at cleanup (the in-suite budget shares
@@ -151,6 +159,7 @@ class CampaignBase(RuleBasedStateMachine):
         self._per_rule[name] += 1
         STATS["steps"] += 1
         self._steps += 1
+        self._observe_records()
         return True
 
     def _ran(self, name: str) -> int:
@@ -254,6 +263,8 @@ class CampaignBase(RuleBasedStateMachine):
 
     def _attempt(self, p: PipelineModel, hooks: Hooks, *, crash: str | None = None, **kw: Any) -> Attempt:
         """One try of `p`'s run (through its engine), with `hooks` on its sink and a crash at `crash`."""
+        if threading.current_thread() is threading.main_thread():  # not the first of concurrent runs
+            self._before_run(p)
         with sink_hooks(hooks), crash_at(crash):
             if p.engine in ("dagster", "dagster-spark"):
                 lenient = not kw.pop("fail_on_data_loss", True)
@@ -304,6 +315,8 @@ class CampaignBase(RuleBasedStateMachine):
             self.model.start_boundary(p, attempt.started_seq)
         if planned and attempt.kind != "backfill":
             p.planned_ever = True
+        if (planned or attempt.cause == "Killed") and attempt.kind != "backfill":  # it wrote a record
+            self._placed_again(p, attempt)
         self._reported(p, attempt)
         if not attempt.ok:
             since = attempt.started_seq if p.pending_since is None else p.pending_since
@@ -323,6 +336,64 @@ class CampaignBase(RuleBasedStateMachine):
                 below = self.model.owed_at_or_below(p, stream, end - 1)
                 p.promised.update(m.body for m in below)
         p.pending_since = None
+
+    # --------------------------------------------------------------------------- run records
+
+    def _observe_records(self, *, force: bool = False) -> None:
+        """Which consumers' newest records retention removed from the campaign's own `rmqs.runs`
+        (config.evictable_records), looked at whenever its first offset moved (or `force`)."""
+        if not self.config.evictable_records:
+            return
+        first = self.ops.runs_first()
+        if first == self._runs_first and not force:
+            return
+        if first != self._runs_first:  # retention removes segments in the background: let it finish
+            first = self.ops.settled_runs_first()
+        self._runs_first = first
+        for p in self.model.pipelines.values():
+            kept = self.ops.record_kept(p.consumer, self.model.targets[p.target].name)
+            if p.has_record and not kept:
+                self._record_gone(p)
+            p.has_record = kept
+
+    def _record_gone(self, p: PipelineModel) -> None:
+        """Retention removed `p`'s newest record: a consumer that never ran, but for its stored
+        offsets (an unfinished run is planned anew; the retry's horizon is its own start)."""
+        p.evicted = True
+        p.planned_ever = False
+        p.pending_since = None
+        STATS["records_evicted"] += 1
+        self.dirty.add(p.key)
+
+    def _before_run(self, p: PipelineModel) -> None:
+        """Before a storing try of an evicted consumer: where it stores nothing, it plans from
+        `starting_offsets` (an earliest one owes no report of what retention took there; a latest
+        one owes nothing published before this try, `_placed_again`)."""
+        if not self.config.evictable_records:
+            return
+        self._observe_records()
+        if not p.evicted or not self.model.target_exists(p.target):
+            return
+        stored = self._stored(p)
+        check_watermarks(self.model, p, stored)
+        unplaced = {self.model.part_of(s) for s, v in stored.items() if v is None}
+        self._unplaced[p.key] = unplaced
+        if p.starting == "earliest" and p.engine != "drain":
+            lost = [self.model.messages[b] for b in p.lost]
+            forgotten = [m for m in lost if (m.stream, m.incarnation) in unplaced]
+            self.model.excuse(p, forgotten)
+            p.lost.difference_update(m.body for m in forgotten)
+            STATS["evicted_loss_unreported"] += len(forgotten)
+
+    def _placed_again(self, p: PipelineModel, attempt: Attempt) -> None:
+        """A storing try that planned wrote a record: an evicted consumer is placed again, a latest
+        one from its tail on the partitions where it stored nothing."""
+        p.has_record = True
+        if not p.evicted:
+            return
+        for part in self._unplaced.pop(p.key, set()):
+            p.part_boundaries[part] = max(p.part_boundaries.get(part, -1), attempt.started_seq)
+        p.evicted = False
 
     def _reported(self, p: PipelineModel, attempt: Attempt) -> None:
         """A loss the try reported (`DataLossError`, or `data_loss` in its summary) is not silent:

@@ -142,6 +142,7 @@ class KilledRules(RetentionAndTimeRules):
         p = self.model.pipelines[pipeline]
         if not self.model.target_exists(p.target) or not self._may_run(p):
             return self._skip("killed-not-applicable")
+        self._before_run(p)
         t = self._target(p)
         output = self._output(p)
         cfg = {

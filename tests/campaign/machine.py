@@ -29,20 +29,21 @@ from tests.campaign.config import CampaignConfig
 from tests.campaign.faults import CRASH_POINTS, Crash, Hooks, SinkFailure, lease_wait, sink_hooks
 from tests.campaign.harness import AIRFLOW_PIPELINES, FAILURES, PIPELINES, STATS, STREAM_KEYS, TARGETS
 from tests.campaign.invariants import Violation, check_backfill_stored_nothing, check_failure
+from tests.campaign.record_rules import RecordRules
 from tests.campaign.runs import Attempt, Row, execute
-from tests.campaign.sensor_rules import SensorRules
 
 LATE_MESSAGES = 7  # published from inside a run's sink
 LEASE_WAIT_S = 0.5  # how long the second of two concurrent runs waits for the consumer name
 SET_TO = ("latest", "earliest", "quarter", "half")  # where `rmqs watermark set --to` moves it
 
 
-class CampaignMachine(SensorRules):
+class CampaignMachine(RecordRules):
     """The rules; one instance is one sequence on its own streams (see harness.py); the rules on
     retention and time positions are in retention_time.py, real process kills in killed.py, the
     Spark consumer's in spark_rules.py, the drain consumer's in drain_rules.py, broker restarts in
     broker_faults.py, produce runs in produce_rules.py, Dagster's
-    partitioned assets in dagster_rules.py, sensors in sensor_rules.py."""
+    partitioned assets in dagster_rules.py, sensors in sensor_rules.py, run records removed by
+    retention in record_rules.py."""
 
     # -------------------------------------------------------------------------------- rules
 
@@ -341,6 +342,7 @@ class CampaignMachine(SensorRules):
         where = ["--superstream" if t.superstream else "--stream", t.name]
         s = self.ops.settings
         conn = ["--endpoints", f"{s.host}:{s.port}", "--username", s.username, "--password", s.password]
+        conn += ["--vhost", s.vhost]
         args = ["watermark", "set", "--consumer", p.consumer, *where, "--to", to, "--yes", "--json", *conn]
         done = CliRunner().invoke(cli.app, args)
         STATS[f"outcome:watermark_set:{done.exit_code}"] += 1
@@ -372,6 +374,7 @@ class CampaignMachine(SensorRules):
             # It stored offsets (and a run record): a latest consumer's runs start there from now on,
             # not at the tails as its first run would (what arrives from now on is its to read).
             self.model.start_boundary(p, self.model.seq)
+            p.has_record, p.evicted = True, False  # its record places it again
         self.dirty.add(p.key)
 
 

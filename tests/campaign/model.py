@@ -12,6 +12,12 @@ What a consumer must hold ("where it started"):
   partition incarnations that existed then (`boundary_parts`); everything of a partition bound to
   the super stream later and of a stream re-created later (those are read from their start);
 - minus what a run reported lost (`excused`) or legitimately skipped (an explicit storing start).
+
+Where retention removed a consumer's newest run record from `rmqs.runs` (`evicted`), its next run
+plans from its stored offsets, elsewhere from `starting_offsets`, as a consumer that never ran: a
+`latest` consumer owes nothing published before that run planned on a partition with no stored
+offset (`part_boundaries`); no loss report is owed for what retention took below a watermark the
+broker forgot.
 """
 
 from __future__ import annotations
@@ -90,6 +96,15 @@ class PipelineModel:
     # Messages retention removed before this consumer read them, not reported yet (still owed: a run
     # that passes over them without a report is a silent loss); excused once a run reports them.
     lost: set[bytes] = field(default_factory=set)
+    # Whether `rmqs.runs` holds a record of it (written by a storing run that planned, or by
+    # `rmqs watermark set`; observed on the broker where retention can remove records).
+    has_record: bool = False
+    # Retention removed its newest record and no storing run planned since: its next run plans from
+    # its stored offsets, elsewhere from `starting`, as a consumer that never ran (docs/permissions.md).
+    evicted: bool = False
+    # A latest consumer's boundary per partition incarnation where a run planned it from `latest`
+    # again (no stored offset, no record): nothing published there before it is owed.
+    part_boundaries: dict[Part, int] = field(default_factory=dict)
 
     @property
     def exactly_once(self) -> bool:
@@ -193,8 +208,13 @@ class Model:
         if p.starting == "latest":
             if p.boundary is None:
                 return False
-            if (m.stream, m.incarnation) in p.boundary_parts and m.seq < p.boundary:
+            at = (m.stream, m.incarnation)
+            if at in p.boundary_parts and m.seq < p.boundary:
                 return False
+            if m.seq < p.part_boundaries.get(at, -1):
+                return False
+            if p.evicted and at not in p.watermarks:
+                return False  # its next run plans this partition from its tail: nothing there is owed
         return True
 
     def expected(self, p: PipelineModel, horizon: int | None = None) -> list[Message]:
