@@ -144,3 +144,52 @@ def test_a_consumer_whose_record_retention_removed_runs_from_its_watermark(broke
         assert offsets["s"] == list(range(30)) + list(range(c.tail("s") - 20, c.tail("s")))
         assert c.stored_offset("etl", "s") == c.tail("s") - 1
         assert offsets["empty"] == [] and c.stored_offset("etl", "empty") == c.tail("empty") - 1
+
+
+def test_a_produce_retry_whose_record_retention_removed_is_a_new_run_and_says_so(
+    broker: tb.BrokerSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the protocol campaign's `evict_records` work (2026-12-06): a produce run's record is
+    what numbers its retry's messages as its first try's. Once retention removed it from `rmqs.runs`
+    (between the tries), the retry is numbered as a new run: the 8 messages the failed try stored are
+    stored again, at-least-once, as docs/failure-semantics.md says of a retry after 16 later runs.
+    Nothing can tell the retry its first try's publishing ids then; the run says so in a warning
+    (the broker holds messages of the name, and the name has no record), not silently."""
+    from dataclasses import replace
+
+    from pyspark_rmqs.runs import producer as producer_runs
+    from pyspark_rmqs.runs.produce import run_produce
+    from tests.support.permissions import fresh_vhost
+
+    with fresh_vhost(broker) as vhost:
+        conn = conn_of(replace(broker, vhost=vhost))
+        c = BrokerClient(conn)
+        c.create_stream(
+            record.RUNS_STREAM, {"max-length-bytes": 60_000, "stream-max-segment-size-bytes": 15_000}
+        )
+        c.create_stream("s")
+        settings = WriteSettings(producer_name="p1")
+
+        def messages(fail: bool) -> Iterator[bytes]:
+            for i in range(20):
+                if fail and i == 10:
+                    raise RuntimeError("the producer function failed (injected)")
+                yield f"m{i}".encode()
+
+        with pytest.raises(RuntimeError):
+            run_produce(conn, messages(True), stream="s", settings=settings, run_identity="r1", batch=4)
+        stored = c.tail("s")
+        assert stored == 8  # two batches of 4 confirmed before the failure
+        key = producer_runs.producer_key("p1", "s")
+        pointer = c.stored_offset(key, record.RUNS_STREAM)
+        assert pointer is not None and producer_runs.latest(conn, "p1", "s") is not None
+        filled = 0
+        while c.first_offset(record.RUNS_STREAM) <= pointer:  # other runs' records, until retention passed it
+            _others(conn, record.RUNS_STREAM, 20, filled)
+            filled += 20
+            assert filled < 5_000
+        assert producer_runs.latest(conn, "p1", "s") is None
+        caplog.set_level("WARNING", logger="pyspark_rmqs.runs.producer")
+        done = run_produce(conn, messages(False), stream="s", settings=settings, run_identity="r1", batch=4)
+        assert not done.resumed and c.tail("s") == stored + 20  # the 8 stored again: at-least-once
+        assert any("has no record" in r.getMessage() and "'r1'" in r.getMessage() for r in caplog.records)

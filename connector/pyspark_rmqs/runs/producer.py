@@ -51,10 +51,11 @@ some or all of them.
 What it relies on: the producer function yields the same messages in the same order on a retry (a
 retry may yield more: those are new and kept); one message per publishing id (no sub-entry
 batching); every publisher of the name goes through rmqs. A retry after more than `HISTORY` later
-runs of the name is taken as a new run (at-least-once). The lease ends with its connection (a
-broker restart, its node down): a run that lost it takes it back before its next batch
-(`Lease.keep`), and fails with `LeaseLostError` if it cannot or another run of the name wrote the
-record meanwhile (every run of another identity does).
+runs of the name, or once retention removed the name's record from `rmqs.runs`, is taken as a new
+run (at-least-once; the latter is logged as a warning: the broker holds messages of a name with no
+record). The lease ends with its connection (a broker restart, its node down): a run that lost it
+takes it back before its next batch (`Lease.keep`), and fails with `LeaseLostError` if it cannot or
+another run of the name wrote the record meanwhile (every run of another identity does).
 """
 
 from __future__ import annotations
@@ -371,6 +372,17 @@ def begin(
     try:
         previous = latest(conn, producer, target.name, lease=lease)  # under the lease: only this try writes
         sequences = BrokerClient(conn).publisher_sequences(producer, streams)
+        if previous is None and identity and any(sequences.values()):
+            log.warning(
+                "producer '%s' on %s has no record in %s, though the broker stored messages of the name "
+                "(retention removed its record, or the name published outside rmqs): run '%s' is "
+                "numbered as a new run; if it retries a failed try, what that try stored is published "
+                "again (at-least-once)",
+                producer,
+                target.describe(),
+                record.RUNS_STREAM,
+                identity,
+            )
         run, resumed, runs = plan_run(
             previous,
             identity or uuid.uuid4().hex,
