@@ -244,6 +244,8 @@ class DrainRules(SparkRules):
         assert crash is None and hooks.fail_after is None and hooks.late is None, "drains take no faults"
         strict = kw.pop("fail_on_data_loss", True)
         assert not kw, f"a drain runs from its checkpoint only: {kw}"
+        if threading.current_thread() is threading.main_thread():
+            self._before_run(p)
         for _ in range(2):
             checkpoint, output = self._drain_folders(p)
             attempt = execute_drain(
@@ -261,6 +263,7 @@ class DrainRules(SparkRules):
             STATS[f"drain_refused:{refused}"] += 1
             generation = self._drain_generation(p.key)
             generation[:] = [generation[0] + 1, generation[1] + 1]  # as the error says: both new
+            self._before_run(p, new_checkpoint=True)
         return attempt
 
     def _rows(self, p: PipelineModel) -> list[Row]:

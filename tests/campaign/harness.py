@@ -365,10 +365,11 @@ class CampaignBase(RuleBasedStateMachine):
         STATS["records_evicted"] += 1
         self.dirty.add(p.key)
 
-    def _before_run(self, p: PipelineModel) -> None:
+    def _before_run(self, p: PipelineModel, *, new_checkpoint: bool = False) -> None:
         """Before a storing try of an evicted consumer: where it stores nothing, it plans from
         `starting_offsets` (an earliest one owes no report of what retention took there; a latest
-        one owes nothing published before this try, `_placed_again`)."""
+        one owes nothing published before this try, `_placed_again`). A drain starts there only on
+        a new checkpoint (`new_checkpoint`): a kept one says where it stands."""
         if not self.config.evictable_records:
             return
         self._observe_records()
@@ -378,7 +379,7 @@ class CampaignBase(RuleBasedStateMachine):
         check_watermarks(self.model, p, stored)
         unplaced = {self.model.part_of(s) for s, v in stored.items() if v is None}
         self._unplaced[p.key] = unplaced
-        if p.starting == "earliest" and p.engine != "drain":
+        if p.starting == "earliest" and (p.engine != "drain" or new_checkpoint):
             lost = [self.model.messages[b] for b in p.lost]
             forgotten = [m for m in lost if (m.stream, m.incarnation) in unplaced]
             self.model.excuse(p, forgotten)
