@@ -81,3 +81,26 @@ def test_a_failed_try_whose_record_is_gone_is_planned_anew_and_writes_no_offset_
         ("run", {"pipeline": "c5@ss"}),
     )
     assert STATS["records_evicted"] >= evicted + 3
+
+
+def test_a_try_dying_in_its_outputs_compaction_whose_record_is_gone_writes_no_offset_twice(
+    evicting: CampaignMachine,
+) -> None:
+    """The commit index is compacted every 2 commits here (config.COMPACT_EVERY): a try dies before
+    each of the compaction's first mutations in turn (`in_compaction`), its record is removed, new
+    messages arrive, and the retry plans anew with another token. What the output committed is
+    known from its index and records alone (its committed spans), however far the compaction got:
+    each offset at most once, every owed one at least once."""
+    calls: list[tuple[str, dict[str, object]]] = [("publish", {"to": "a", "n": 10})]
+    retry = {"fault": "in_compaction", "retry": True, "extra": 0}
+    for _ in range(6):
+        for pipeline in ("c2@a", "c5@a"):
+            calls += [
+                ("publish", {"to": "a", "n": 7}),
+                ("run", {"pipeline": pipeline}),
+                ("publish", {"to": "a", "n": 5}),
+                ("evict_records", {"pipeline": pipeline, **retry}),
+            ]
+    died = STATS["evicted:gone:failed-try"]
+    steps(evicting, *calls)
+    assert STATS["evicted:gone:failed-try"] >= died + 10  # (12 measured) tries died, their records gone
