@@ -359,6 +359,10 @@ class CampaignMachine(RecordRules):
         # the command wrote is what places the consumer then.
         moved = json.loads(done.output)["partitions"]
         stored: dict[str, int | None] = {m["stream"]: m["new"] for m in moved}
+        if any(wm is not None for wm in stored.values()):
+            # It wrote a record too, which places a consumer whose record retention removed again:
+            # what the move skips is judged as for any placed consumer (before it, nothing was owed).
+            p.has_record, p.evicted = True, False
         counts = Counter(body for body, _, _ in self._rows(p))
         for stream, wm in stored.items():
             if wm is None or not self.model.partitions[stream].exists:
@@ -374,7 +378,6 @@ class CampaignMachine(RecordRules):
             # It stored offsets (and a run record): a latest consumer's runs start there from now on,
             # not at the tails as its first run would (what arrives from now on is its to read).
             self.model.start_boundary(p, self.model.seq)
-            p.has_record, p.evicted = True, False  # its record places it again
         self.dirty.add(p.key)
 
 

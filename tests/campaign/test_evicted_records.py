@@ -104,3 +104,19 @@ def test_a_try_dying_in_its_outputs_compaction_whose_record_is_gone_writes_no_of
     died = STATS["evicted:gone:failed-try"]
     steps(evicting, *calls)
     assert STATS["evicted:gone:failed-try"] >= died + 10  # (12 measured) tries died, their records gone
+
+
+def test_a_watermark_set_after_the_record_is_gone_skips_what_it_moves_past(evicting: CampaignMachine) -> None:
+    """A model bug the campaign found (master seed 2874296, batch 2943476093, shrunk): a `latest`
+    consumer placed only by its record (its first run found the super stream empty), the record
+    removed, one message published, then `rmqs watermark set --to latest`. The set stored offsets
+    and wrote a record, so the consumer is placed again, past that message on purpose; the model
+    judged what the set skipped while it still took the consumer for one that never ran (nothing
+    owed), then placed it again: the skipped message was owed below its watermark (invariant a)."""
+    steps(
+        evicting,
+        ("run_capped", {"cap": 30, "pipeline": "c3@ss"}),
+        ("publish_everywhere", {"n": 1}),
+        ("evict_records", {"pipeline": "c3@ss", "fault": None, "retry": False, "extra": 0}),
+        ("watermark_set", {"pipeline": "c3@ss", "to": "latest"}),
+    )
