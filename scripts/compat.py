@@ -63,6 +63,7 @@ VENVS = ROOT / ".venv-compat"
 EXTRAS = ["airflow", "dagster", "spark", "connect", "openlineage", "iceberg", "s3", "testing", "dev"]
 PYTHON_VERSION = "3.11"
 PLATFORM = "x86_64-manylinux_2_28"
+XDIST = ["-n", "2", "--dist", "loadgroup"]  # the suite's workers, in a venv and in the Debian 13 root
 
 SPARK_TESTS = [
     "tests/unit/test_spark_compat.py",
@@ -233,11 +234,14 @@ def lock(end: End) -> None:
     LOCKS.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(ROOT / "requirements" / "constraints.txt", end.lock)
     pins = LOCKS / f"{end.name}.pins"
-    pins.write_text("".join(f"{p}\n" for p in end.pins))
+    wanted = list(end.pins)
+    if end.refused:  # no extra of rmqs's (each would refuse this version): its own dependencies, pytest
+        wanted += [
+            *tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"],
+            "pytest>=8",
+        ]
+    pins.write_text("".join(f"{p}\n" for p in wanted))
     if end.refused:
-        # No extra of rmqs's: each would refuse this version. rmqs's own dependencies and pytest.
-        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-        pins.write_text("".join(f"{p}\n" for p in (*end.pins, *project["dependencies"], "pytest>=8")))
         cmd = [uv(), "pip", "compile", str(pins.relative_to(ROOT))]
     else:
         cmd = [uv(), "pip", "compile", "pyproject.toml", *[a for e in EXTRAS for a in ("--extra", e)]]
@@ -300,7 +304,7 @@ def run_tests(end: End, extra: list[str]) -> tuple[int, float]:
     if end.refused:  # no xdist, and none of the suite's fixtures or plugins (not installed there)
         cmd += ["--noconftest", "-p", "no:rmqs", "-o", "addopts=", "-W", "ignore::pytest.PytestConfigWarning"]
     else:
-        cmd += ["-n", "2", "--dist", "loadgroup"]
+        cmd += XDIST
     cmd += [*end.tests, *extra]
     print(f"compat: {end.name}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
@@ -313,7 +317,7 @@ def run_in_debian13(end: End, extra: list[str]) -> tuple[str, str, bool]:
     Java and Python), the row's result, and whether it failed. Skipped, not failed, without root."""
     if os.geteuid() != 0:
         return "?", "skipped: the Debian 13 root needs root (chroot, mounts)", False
-    cmd = ["bash", "scripts/check_debian13.sh", "tests", "-n", "2", "--dist", "loadgroup", *end.tests, *extra]
+    cmd = ["bash", "scripts/check_debian13.sh", "tests", *XDIST, *end.tests, *extra]
     print(f"compat: {end.name}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
