@@ -53,11 +53,14 @@ def team(broker: BrokerSettings, streams: StreamFactory) -> tuple[str, str]:
     return f"^{prefix}-.*", s
 
 
-def _watermark_run(stream: str, got: list[pa.RecordBatch]) -> RabbitMQStreamConsumeOperator:
-    """Consumer `etl`'s watermark run of `stream` into `got`, as team A's connection."""
+def _watermark_run(
+    got: list[pa.RecordBatch], *, stream: str | None = None, superstream: str | None = None
+) -> RabbitMQStreamConsumeOperator:
+    """Consumer `etl`'s watermark run of `stream` or `superstream` into `got`, as team A's connection."""
     return RabbitMQStreamConsumeOperator(
         task_id="c",
         stream=stream,
+        superstream=superstream,
         consumer_name="etl",
         apply_function=got.append,
         rabbitmq_stream_conn_id="team_a",
@@ -71,7 +74,7 @@ def test_watermark_run_with_only_its_streams_fails_for_good_naming_rmqs_runs(
     with limited_user(broker, configure=own, write=own, read=own) as t:
         conn_env("team_a", t.uri)
         got: list[pa.RecordBatch] = []
-        op = _watermark_run(s, got)
+        op = _watermark_run(got, stream=s)
         text = refused(lambda: op.execute({}), "rmqs.runs", "read")
         assert "needs read and write on it" in text and t.password not in text
     assert got == [] and client(broker).stored_offset("etl", s) is None
@@ -84,7 +87,7 @@ def test_watermark_run_with_read_and_write_on_the_existing_rmqs_runs_delivers_ev
     with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
         conn_env("team_a", t.uri)
         got: list[pa.RecordBatch] = []
-        op = _watermark_run(s, got)
+        op = _watermark_run(got, stream=s)
         out = op.execute({})
         offsets = sorted(o for b in got for o in b["offset"].to_pylist())
         assert out["rows"] == 300 and out["watermark_stored"] is True and offsets == list(range(300))
@@ -224,23 +227,14 @@ def test_a_super_stream_partition_outside_the_team_pattern_fails_the_run_for_goo
     own = f"^{prefix}-.*"
     got: list[pa.RecordBatch] = []
 
-    def op() -> RabbitMQStreamConsumeOperator:
-        return RabbitMQStreamConsumeOperator(
-            task_id="c",
-            superstream=ss,
-            consumer_name="etl",
-            apply_function=got.append,
-            rabbitmq_stream_conn_id="team_a",
-        )
-
     with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=f"{own}|{RUNS}") as t:
         conn_env("team_a", t.uri)
-        refused(lambda: op().execute({}), other, "read")
+        refused(lambda: _watermark_run(got, superstream=ss).execute({}), other, "read")
     assert got == [] and set(client(broker).stored_offsets("etl", [*parts, other]).values()) == {None}
     read = f"{own}|^other{prefix}-.*|{RUNS}"
     with limited_user(broker, configure="^$", write=f"{own}|{RUNS}", read=read) as t:
         conn_env("team_a", t.uri)
-        assert op().execute({})["rows"] == 90
+        assert _watermark_run(got, superstream=ss).execute({})["rows"] == 90
     pairs = sorted(
         pair for b in got for pair in zip(b["stream"].to_pylist(), b["offset"].to_pylist(), strict=True)
     )
