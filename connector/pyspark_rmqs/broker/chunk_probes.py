@@ -296,27 +296,25 @@ class ChunkProbes:
             return None
         found: list[tuple[int, bytes]] = []
         limit = max_chunks_past_retention if offset < st.first_offset else None
-        scanned = [0]
-        ended = [False]
+        scanned, ended = 0, False
 
         def done(chunk: Chunk) -> bool:
-            scanned[0] += 1
+            nonlocal scanned, ended
+            scanned += 1
             if chunk.chunk_type == 0:
                 for i, body in enumerate(bodies(chunk_records(chunk.data, chunk.num_entries))):
                     at = chunk.first_offset + i
                     if at >= offset and match(body):
                         found.append((at, body))
                         return True
-            ended[0] = chunk.first_offset >= st.committed_chunk_id or (
-                limit is not None and scanned[0] >= limit
-            )
-            return ended[0]
+            ended = chunk.first_offset >= st.committed_chunk_id or (limit is not None and scanned >= limit)
+            return ended
 
         spec = schema.OffsetSpec.from_params(OffsetType.OFFSET, max(offset, st.first_offset))
         await self._scan(stream, spec, done, every_chunk=True)
         if found:
             return found[0]
-        if not ended[0]:
+        if not ended:
             raise BrokerTimeoutError(f"reading '{stream}': the broker did not deliver its chunks in time")
         return None
 
