@@ -27,7 +27,8 @@ from tests.support.serial import SERIAL
 
 sys.dont_write_bytecode = False  # this process too (see above)
 
-pytest_plugins = ["tests.support.timing"]  # per-test CPU beside wall time (make test's report)
+# Per-test CPU and memory (make test's report), and the memory limit per test process.
+pytest_plugins = ["tests.support.timing", "tests.support.memory"]
 # rmqs's own pytest plugin (pytest_rmqs: rmqs_* fixtures) loads through its `pytest11` entry point
 # where rmqs is installed from this pyproject; a venv installed before the entry point existed gets it here.
 if not any(ep.name == "rmqs" for ep in entry_points(group="pytest11")):

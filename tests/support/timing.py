@@ -77,6 +77,16 @@ def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
             yield file, case.get("name", ""), wall, cpu, outcome
 
 
+def _peaks(paths: list[Path]) -> Iterator[tuple[int, str]]:
+    """(peak resident MB, test) of every test case that recorded one (tests/support/memory.py)."""
+    for path in paths:
+        if path.exists():
+            for case in ET.parse(path).getroot().iter("testcase"):
+                props, _ = _measured(case)
+                if props.get("peak_rss_mb"):
+                    yield int(props["peak_rss_mb"] or 0), f"{props.get('file')}::{case.get('name')}"
+
+
 def _measured(case: ET.Element) -> tuple[dict[str | None, str | None], float]:
     """A junit test case's properties (what `pytest_runtest_makereport` recorded) and its wall time."""
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -135,6 +145,11 @@ def report(paths: list[Path]) -> int:
     print("most idle files (wall - cpu s):")
     for file, (wall, cpu) in sorted(files.items(), key=lambda f: -(f[1][0] - f[1][1]))[:10]:
         print(f"  {wall - cpu:7.1f}  {file}")
+    peaks = sorted(_peaks(paths), reverse=True)[:5]
+    if peaks:
+        print("largest test processes (peak resident MB; limit: RMQS_TEST_MAX_RSS_MB):")
+        for mb, test in peaks:
+            print(f"  {mb:7d}  {test}")
     counts = defaultdict(int)
     for *_, outcome in cases:
         counts[outcome] += 1
