@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 GROWING = """
@@ -39,13 +41,18 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_a_test_past_the_limit_fails_named_and_the_next_one_runs(tmp_path: Path) -> None:
-    done = _run(tmp_path)
+XDIST = ["-n", "2", "--max-worker-restart", "0"]
+
+
+@pytest.mark.parametrize("xdist", [[], XDIST], ids=["one-process", "xdist"])
+def test_a_test_past_the_limit_fails_named_and_the_next_one_runs(tmp_path: Path, xdist: list[str]) -> None:
+    done = _run(tmp_path, *xdist)
     out = done.stdout + done.stderr
     assert "1 failed, 2 passed" in out, out[-3000:]
     assert "test_grows_without_end grew this test process to" in out, out[-3000:]
     assert "RMQS_TEST_MAX_RSS_MB=400" in out
-    stacks = (tmp_path / "memory-main.txt").read_text()
+    (dump,) = tmp_path.glob("memory-*.txt")  # memory-main.txt, or the xdist worker's
+    stacks = dump.read_text()
     assert "test_grows_without_end" in stacks and "test_grow.py" in stacks, stacks[:2000]
     junit = (tmp_path / "r.xml").read_text()
     assert 'name="peak_rss_mb"' in junit
