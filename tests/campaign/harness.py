@@ -510,8 +510,10 @@ class CampaignBase(RuleBasedStateMachine):
             if not self.model.target_exists(p.target):
                 continue
             lenient = False
+            tries: list[str] = []  # what each final run did, for a violation's message
             for _ in range(4):  # a resumed run, then one planned anew; retried as an orchestrator would
                 attempt = self._watermark_run(key, lenient=lenient)
+                tries.append("none" if attempt is None else attempt.describe())
                 if attempt is None or (attempt.ok and not attempt.resumed):
                     break
                 if attempt.data_loss:  # its user accepts the reported loss: failOnDataLoss=false
@@ -525,9 +527,12 @@ class CampaignBase(RuleBasedStateMachine):
                 continue
             counts = check_output(self.model, p, self._rows(p))
             stored = self._stored(p)
-            check_watermarks(self.model, p, stored)
-            check_coverage(self.model, p, stored, counts)
-            check_final(self.model, p, counts)
+            try:
+                check_watermarks(self.model, p, stored)
+                check_coverage(self.model, p, stored, counts)
+                check_final(self.model, p, counts)
+            except Violation as v:
+                raise Violation(v.invariant, f"{v.detail}; final runs: {tries}; stored: {stored}") from None
         STATS["final_checks"] += 1
         SECONDS["final_check"] += time.monotonic() - began
 

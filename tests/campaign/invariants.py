@@ -35,6 +35,7 @@ class Violation(AssertionError):
     def __init__(self, invariant: str, message: str) -> None:
         super().__init__(f"invariant ({invariant}): {message}")
         self.invariant = invariant
+        self.detail = message
 
 
 def _short(bodies: Sequence[bytes] | set[bytes], limit: int = 8) -> str:
