@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -59,8 +60,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     yield
 
 
-def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
-    """(file, test, wall, cpu, outcome) per test case of the junit files."""
+class Case(NamedTuple):
+    """One junit test case, as the report reads it."""
+
+    file: str
+    name: str
+    wall: float
+    cpu: float
+    outcome: str
+    peak_mb: int | None  # its process's peak resident memory (tests/support/memory.py), when recorded
+
+
+def _cases(paths: list[Path]) -> Iterator[Case]:
+    """Every test case of the junit files."""
     for path in paths:
         if not path.exists():
             continue
@@ -74,17 +86,8 @@ def _cases(paths: list[Path]) -> Iterator[tuple[str, str, float, float, str]]:
                 elif child.tag == "skipped":
                     outcome = "skipped"
             file = props.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-            yield file, case.get("name", ""), wall, cpu, outcome
-
-
-def _peaks(paths: list[Path]) -> Iterator[tuple[int, str]]:
-    """(peak resident MB, test) of every test case that recorded one (tests/support/memory.py)."""
-    for path in paths:
-        if path.exists():
-            for case in ET.parse(path).getroot().iter("testcase"):
-                props, _ = _measured(case)
-                if props.get("peak_rss_mb"):
-                    yield int(props["peak_rss_mb"] or 0), f"{props.get('file')}::{case.get('name')}"
+            peak = props.get("peak_rss_mb")
+            yield Case(file, case.get("name", ""), wall, cpu, outcome, int(peak) if peak else None)
 
 
 def _measured(case: ET.Element) -> tuple[dict[str | None, str | None], float]:
@@ -127,11 +130,11 @@ def report(paths: list[Path]) -> int:
         print("timing: no test results found")
         return 1
     print("\nslowest 15 tests (wall s, cpu s):")
-    for file, name, wall, cpu, _ in sorted(cases, key=lambda c: -c[2])[:15]:
-        print(f"  {wall:7.1f} {cpu:7.1f}  {file}::{name}")
+    for c in sorted(cases, key=lambda c: -c.wall)[:15]:
+        print(f"  {c.wall:7.1f} {c.cpu:7.1f}  {c.file}::{c.name}")
     tiers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for file, _, wall, cpu, _ in cases:
+    for file, _, wall, cpu, *_ in cases:
         parts = Path(file).parts
         tier = "/".join(parts[:3] if len(parts) > 3 and parts[1] == "e2e" else parts[:2])
         tiers[tier][0] += wall
@@ -145,14 +148,14 @@ def report(paths: list[Path]) -> int:
     print("most idle files (wall - cpu s):")
     for file, (wall, cpu) in sorted(files.items(), key=lambda f: -(f[1][0] - f[1][1]))[:10]:
         print(f"  {wall - cpu:7.1f}  {file}")
-    peaks = sorted(_peaks(paths), reverse=True)[:5]
+    peaks = sorted(((c.peak_mb, f"{c.file}::{c.name}") for c in cases if c.peak_mb), reverse=True)[:5]
     if peaks:
         print("largest test processes (peak resident MB; limit: RMQS_TEST_MAX_RSS_MB):")
         for mb, test in peaks:
             print(f"  {mb:7d}  {test}")
-    counts = defaultdict(int)
-    for *_, outcome in cases:
-        counts[outcome] += 1
+    counts: defaultdict[str, int] = defaultdict(int)
+    for c in cases:
+        counts[c.outcome] += 1
     for path in paths:
         span = _span(path)
         if span:
