@@ -11,7 +11,7 @@ import pytest
 from airflow_rmqs.hooks import RabbitMQStreamHook
 from airflow_rmqs.operators import RabbitMQStreamDrainOperator, RabbitMQStreamPublishOperator
 from tests.support.broker import BrokerSettings
-from tests.support.data import publish
+from tests.support.data import publish, settled_bounds
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -162,7 +162,7 @@ def test_a_drain_skipping_what_retention_removed_names_it_in_data_loss(
     from pyspark_rmqs.broker.reader import RangeReader, ReadSettings
     from pyspark_rmqs.committed import committed_dataset
     from pyspark_rmqs.watermarks import watermarks
-    from tests.e2e.faults.test_read_guarantees import RETENTION, _publish_chunks, _settled_bounds
+    from tests.e2e.faults.test_read_guarantees import RETENTION, _publish_chunks
     from tests.support.data import conn_of
 
     s = streams.stream("dl", arguments=dict(RETENTION))
@@ -173,7 +173,7 @@ def test_a_drain_skipping_what_retention_removed_names_it_in_data_loss(
 
     assert drain("old").execute({})["rows"] == 400
     _publish_chunks(broker, s, b"b", 1000, 50)
-    first, tail = _settled_bounds(broker, s)
+    first, tail = settled_bounds(broker, s, truncated=True)
     assert first > 400
     name = "old" if checkpoint == "kept" else "new"
     with pytest.raises(AirflowFailException, match=rf"offsets \[400, \d+\) of stream '{s}' are lost"):
@@ -183,7 +183,7 @@ def test_a_drain_skipping_what_retention_removed_names_it_in_data_loss(
     assert list(summary["data_loss"]) == [s]
     lost_to = summary["data_loss"][s][1]
     assert summary["data_loss"][s][0] == 400 and first <= lost_to < tail
-    still, tail = _settled_bounds(broker, s)
+    still, tail = settled_bounds(broker, s)
     kept = [
         o
         for b in RangeReader(conn_of(broker), s, still, tail, ReadSettings())

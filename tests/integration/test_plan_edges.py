@@ -26,7 +26,7 @@ from pyspark_rmqs.runs.watermarks import watermarks
 from pyspark_rmqs.spark.streaming import RabbitMQStreamsStreamReader
 from tests.conftest import StreamFactory
 from tests.support.broker import BrokerSettings
-from tests.support.data import client, conn_of, publish, spark_options
+from tests.support.data import client, conn_of, publish, settled_bounds, spark_options
 
 pytestmark = [pytest.mark.broker]
 
@@ -34,19 +34,6 @@ pytestmark = [pytest.mark.broker]
 # two chunks are kept, so ten chunks leave offsets [first, 400) with first > 0.
 RETENTION = {"max-length-bytes": 20_000, "stream-max-segment-size-bytes": 5_000}
 ROUNDS, PER_ROUND = 10, 40
-
-
-def _settled_bounds(broker: BrokerSettings, stream: str) -> tuple[int, int]:
-    """(first offset, tail) once retention stopped moving (segments are deleted in the background)."""
-    last = client(broker).bounds([stream])[stream]
-    assert last is not None
-    for _ in range(30):
-        time.sleep(0.3)
-        now = client(broker).bounds([stream])[stream]
-        if now == last:
-            return now
-        last = now  # type: ignore[assignment]
-    return last
 
 
 def _offsets_of(batches: list[Any]) -> list[tuple[str, int]]:
@@ -72,7 +59,7 @@ def truncated(broker: BrokerSettings, streams: StreamFactory) -> tuple[str, date
     after_ninth = datetime.now(UTC)
     time.sleep(0.2)
     publish(broker, s, [b"last"] * 5)  # a small tenth chunk: the ninth stays within the retention
-    first, tail = _settled_bounds(broker, s)
+    first, tail = settled_bounds(broker, s, truncated=True)
     assert tail == (ROUNDS - 1) * PER_ROUND + 5
     assert 0 < first <= (ROUNDS - 2) * PER_ROUND, (
         "retention should have removed a prefix, keeping the ninth chunk"

@@ -13,7 +13,7 @@ from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 from pyspark_rmqs.options import parse_source_options
 from pyspark_rmqs.spark.batch import RabbitMQStreamsBatchReader, RabbitMQStreamsFilteringBatchReader
 from tests.support.broker import BrokerSettings
-from tests.support.data import client, publish, publish_keyed, spark_options
+from tests.support.data import publish, publish_keyed, settled_bounds, spark_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -133,8 +133,7 @@ def test_fail_on_data_loss_for_retention(spark: SparkSession, broker: BrokerSett
     s = streams.stream(arguments={"max-length-bytes": 20_000, "stream-max-segment-size-bytes": 5_000})
     for _ in range(10):
         publish(broker, s, [b"x" * 200] * 40)
-    first = client(broker).first_offset(s)
-    tail = client(broker).tail(s)
+    first, tail = settled_bounds(broker, s, truncated=True)
     assert first > 0, "retention should have truncated the stream"
     with pytest.raises(PySparkException, match=r"DataLossError: offsets \[\d+, \d+\) of stream .* are lost"):
         read(spark, broker, stream=s, startingOffsets="offset", startingOffset="0").count()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from pyspark_rmqs.broker.client import BrokerClient
@@ -38,3 +39,22 @@ def client(b: BrokerSettings) -> BrokerClient:
 
 def spark_options(b: BrokerSettings, **extra: str) -> dict[str, str]:
     return {**b.spark_options, **{k: str(v) for k, v in extra.items()}}
+
+
+def settled_bounds(b: BrokerSettings, stream: str, *, truncated: bool = False) -> tuple[int, int]:
+    """(first offset, tail) once retention stopped moving.
+
+    The broker deletes segments in the background, after the publish that rolled them over is
+    confirmed: a test that reads the first offset right away races it (a compat run saw 0). With
+    `truncated`, it also waits (up to 15 s) for retention to have removed something."""
+    deadline = time.monotonic() + 15
+    last = client(b).bounds([stream])[stream]
+    assert last is not None, f"stream {stream!r} is empty"
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = client(b).bounds([stream])[stream]
+        assert now is not None
+        if now == last and (now[0] > 0 or not truncated):
+            return now
+        last = now
+    return last

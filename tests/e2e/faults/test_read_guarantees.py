@@ -7,7 +7,6 @@ the probe timeout, runs fail between the sink and the watermark, and two runs sh
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,25 +23,13 @@ from pyspark_rmqs.runs.watermarks import store_watermarks, watermarks
 from tests.conftest import StreamFactory
 from tests.integration.test_spark_streaming import drain
 from tests.support.broker import BrokerSettings, management
-from tests.support.data import client, conn_of, publish
+from tests.support.data import client, conn_of, publish, settled_bounds
 
 # 1 KiB messages, 50 KB segments, 400 KB retained: about 50 messages per segment, 8 segments kept.
 # 400 messages of ~1 KB with their encoding and chunk headers are ~412 KB: a 400,000-byte limit let
 # retention remove the first segment before the first read (a flake: the first drain began at 50).
 RETENTION = {"max-length-bytes": 450_000, "stream-max-segment-size-bytes": 50_000}
 BODY_PAD = b"x" * 990
-
-
-def _settled_bounds(broker: BrokerSettings, stream: str) -> tuple[int, int]:
-    """(first offset, tail) once retention stopped moving (segments are deleted in the background)."""
-    last = client(broker).bounds([stream])[stream]
-    for _ in range(50):
-        time.sleep(0.3)
-        now = client(broker).bounds([stream])[stream]
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 def _publish_chunks(broker: BrokerSettings, stream: str, tag: bytes, n: int, per_chunk: int) -> None:
@@ -325,7 +312,7 @@ def test_retention_between_available_now_drains_of_one_checkpoint(
     assert q.exception() is None
     assert [o for _, o, _ in _rows(spark, out)] == list(range(400))
     _publish_chunks(broker, s, b"b", 1000, 50)
-    first, tail = _settled_bounds(broker, s)
+    first, tail = settled_bounds(broker, s, truncated=True)
     assert first > 400
     with pytest.raises(PySparkException) as failed:  # Spark wraps the DataLossError; its text is checked
         drain(spark, broker, out, ckpt, stream=s, maxRecordsPerTrigger="150")
@@ -353,7 +340,7 @@ def test_a_partition_added_under_a_checkpoint_is_read_from_offset_0_and_retentio
     drain(spark, broker, out, ckpt, superstream=name)
     added = streams.add_partition(name, 2, arguments=dict(RETENTION))
     _publish_chunks(broker, added, b"n", 1000, 50)
-    first, tail = _settled_bounds(broker, added)
+    first, tail = settled_bounds(broker, added, truncated=True)
     assert first > 0
     with pytest.raises(PySparkException) as failed:
         drain(spark, broker, out, ckpt, superstream=name)
