@@ -272,6 +272,50 @@ def test_a_resumed_range_retention_overtook_stores_its_end_without_a_conflict(
     state.teardown()
 
 
+def test_a_resumed_range_whose_end_retention_removed_stores_and_moves_on(
+    state: CampaignMachine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant (e), found by `make campaign` (seed 2949345665: the Iceberg and drain consumers on a
+    super stream; shrunk by hand to a plain consumer): c1's run delivers `[0, 20)` and dies before
+    it stores its watermark; retention moves `a`'s first offset past 19. Every later run resumes the
+    record and stores 19, which the broker drops when a segment rolls before the store is read back
+    (the campaign's segments are tiny: its store's own tracking chunk rolled one, every time; here
+    a real publish of chunks bigger than a segment, right after the store). The read-back waited
+    for 19 and failed with the retryable `BrokerTimeoutError`, on every run: the consumer stalled
+    and its lag grew. The broker's drop is not a failure: the record places the consumer, and the
+    next run reports what retention took."""
+    state.holds()
+    for name, kwargs in (
+        ("publish", {"to": "a", "n": 20}),
+        ("run_crashing", {"pipeline": "c1@a", "point": "before_store", "retry": False}),
+        ("truncate", {"stream": "a", "before": 30}),
+    ):
+        getattr(state, name)(**kwargs)
+        state.holds()
+    stream = state._target(state.model.pipelines["c1@a"]).name
+    call = AsyncBrokerClient._call
+
+    async def store_then_roll(self: AsyncBrokerClient, what: str, fn: object) -> object:
+        out = await call(self, what, fn)
+        if what == "store_offset":  # two chunks bigger than a segment: a roll, whose snapshot drops it
+            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
+            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
+        return out
+
+    monkeypatch.setattr(AsyncBrokerClient, "_call", store_then_roll)
+    attempt = state._watermark_run("c1@a")
+    monkeypatch.undo()
+    state.holds()
+    assert attempt is not None
+    if not attempt.ok:
+        raise Violation("e", f"a run of c1@a failed where the broker dropped its store: {attempt.describe()}")
+    state.publish(to="a", n=5)
+    state.holds()
+    state.run(pipeline="c1@a")  # reports [20, first) lost: DataLossError, as the model expects
+    state.holds()
+    state.teardown()
+
+
 def test_an_iceberg_run_committed_then_killed_whose_partition_is_recreated_writes_no_range_twice(
     broker: BrokerSettings,
 ) -> None:

@@ -367,6 +367,13 @@ class AsyncBrokerClient(ChunkProbes):
         StoreOffset has no reply in the protocol, so each store is followed by a query: a store that
         returns has been applied. The broker drops a store silently where the user lacks read on the
         stream (measured on RabbitMQ 4.0); the query then is refused too, and says so.
+
+        An offset below the stream's first offset is the exception: the broker keeps no tracking
+        entry under it past the next segment roll, and the store's own tracking chunk may roll one
+        (a full last segment), so the value can be gone before it is read back. That is the
+        broker's rule, not a failed store: it returns (the caller's run record places the
+        consumer), where waiting for the value failed every retry of a run resuming a range
+        retention had overtaken.
         """
         sem = asyncio.Semaphore(STORE_PARALLELISM)
 
@@ -379,6 +386,16 @@ class AsyncBrokerClient(ChunkProbes):
                     except AccessRefusedError as e:
                         raise access_refused(self.conn, stream, "read", "store an offset on") from e
                     if stored == offset:
+                        return
+                    if offset < (first := await self.first_offset(stream)):
+                        log.info(
+                            "stored offset %d of '%s' on '%s' is below the first offset %d: the broker "
+                            "does not keep it",
+                            offset,
+                            consumer,
+                            stream,
+                            first,
+                        )
                         return
                     await asyncio.sleep(0.02)
                 raise BrokerTimeoutError(
