@@ -20,7 +20,7 @@ from pyspark_rmqs.options import ConnectionOptions
 from pyspark_rmqs.produce import publish
 from pyspark_rmqs.runs.record import RUNS_STREAM, run_key
 from tests.support.broker import BrokerSettings, management
-from tests.support.data import conn_of
+from tests.support.data import conn_of, settled
 
 LEASE_CONNECTION_PREFIX = "rmqs-lease:"
 # Every stream of a sequence is created with tiny segments, so retention (which deletes whole
@@ -133,17 +133,7 @@ class BrokerOps:
     def settled_first(self, stream: str, stable_s: float = 0.3, wait_s: float = 5.0) -> int:
         """`stream`'s first offset once it stayed the same for `stable_s` (segments go in the
         background)."""
-        last = self.firsts([stream])[stream]
-        since = time.monotonic()
-        deadline = since + wait_s
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = self.firsts([stream])[stream]
-            if now != last:
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since >= stable_s:
-                break
-        return last
+        return settled(lambda: self.firsts([stream])[stream], stable_s=stable_s, wait_s=wait_s, poll_s=0.05)
 
     # ---------------------------------------------------------------------------- retention
 

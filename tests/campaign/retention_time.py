@@ -56,6 +56,14 @@ def rendered(ms: int) -> str:
 class RetentionAndTimeRules(CampaignBase):
     """`truncate`, `run_skipping_loss`, `backfill_by_time`, `timed_run` (see the module docstring)."""
 
+    def _roll(self, target: str, stream: str) -> None:
+        """Two publishes straight to partition stream `stream` of `target`, each a chunk bigger than a
+        segment: the data before them is in closed segments now, and the new segment's tracking
+        snapshot leaves out every stored offset below the first offset (on `ss`, not hash routed:
+        nothing checks that)."""
+        for _ in range(2):
+            self._publish_direct(target, stream, ROLL_MESSAGES)
+
     @rule(stream=st.sampled_from(STREAM_KEYS), before=st.integers(0, 30))
     def truncate(self, stream: str, before: int) -> None:
         """Retention removes the head of a stream: `before` messages more first, then a
@@ -70,10 +78,7 @@ class RetentionAndTimeRules(CampaignBase):
             self._publish(target, before)
         part = self.model.partitions[name]
         was = part.first
-        # Two publishes straight to the partition stream, each a chunk bigger than a segment: the
-        # data before them is in closed segments now (on `ss`, not hash routed: nothing checks that).
-        for _ in range(2):
-            self._publish_direct(target, name, ROLL_MESSAGES)
+        self._roll(target, name)
         # One retention evaluation, with nothing written while the policy is set: osiris evaluates
         # retention asynchronously, and an evaluation still queued when the policy goes would cut
         # segments written after it (a roll under the policy queues one more).

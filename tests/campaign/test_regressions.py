@@ -21,7 +21,6 @@ from tests.campaign.config import SLOW_OPERATIONS, CampaignConfig
 from tests.campaign.harness import FALSE_ALARMS
 from tests.campaign.invariants import Violation
 from tests.campaign.machine import STATS, CampaignMachine, machine_with
-from tests.campaign.retention_time import ROLL_MESSAGES
 from tests.support.broker import BrokerSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.airflow]
@@ -258,9 +257,8 @@ def test_a_resumed_range_retention_overtook_stores_its_end_without_a_conflict(
 
     async def store_then_roll(self: AsyncBrokerClient, consumer: str, offsets: dict[str, int]) -> None:
         await store(self, consumer, offsets)
-        if consumer == "c5":  # two chunks bigger than a segment: a roll, whose snapshot drops the entry
-            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
-            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
+        if consumer == "c5":  # a roll, whose snapshot drops the entry
+            await asyncio.to_thread(state._roll, "a", stream)
 
     monkeypatch.setattr(AsyncBrokerClient, "store_offsets", store_then_roll)
     attempt = state._watermark_run("c5@a", lenient=True)
@@ -297,9 +295,8 @@ def test_a_resumed_range_whose_end_retention_removed_stores_and_moves_on(
 
     async def store_then_roll(self: AsyncBrokerClient, what: str, fn: object) -> object:
         out = await call(self, what, fn)
-        if what == "store_offset":  # two chunks bigger than a segment: a roll, whose snapshot drops it
-            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
-            await asyncio.to_thread(state._publish_direct, "a", stream, ROLL_MESSAGES)
+        if what == "store_offset":  # a roll before the read-back, whose snapshot drops it
+            await asyncio.to_thread(state._roll, "a", stream)
         return out
 
     monkeypatch.setattr(AsyncBrokerClient, "_call", store_then_roll)

@@ -158,10 +158,10 @@ def test_a_store_below_the_first_offset_the_broker_drops_at_once_is_no_failure( 
 ) -> None:
     """The broker keeps no stored offset below a stream's first offset past a segment roll, and a
     store's own tracking chunk rolls one when the last segment is full: here every chunk does (the
-    segments are smaller than the snapshot of a dozen tracked names). A run resuming a range retention
-    had overtaken stores its end there; `store_offsets` waited for a value the broker had dropped
-    and failed with a retryable `BrokerTimeoutError`, on every retry (found by `make campaign`,
-    seed 2949345665). It returns; a store at or above the first offset is still read back."""
+    segments are smaller than the snapshot of three long tracked names). A run resuming a range
+    retention had overtaken stores its end there; `store_offsets` waited for a value the broker had
+    dropped and failed with a retryable `BrokerTimeoutError`, on every retry (found by `make
+    campaign`, seed 2949345665). It returns; a store at or above the first offset is still read back."""
     s = streams.stream(arguments={"max-length-bytes": 20_000, "stream-max-segment-size-bytes": 400})
     publish(conn, s, bodies("r" * 100, 0, 400), sizes=[10] * 40)
     first, tail = settled_bounds(broker, s, truncated=True)
